@@ -1,0 +1,72 @@
+"""slicejournal's journal: event-sourced writes and slice queries on PostgreSQL.
+
+The public API; everything not re-exported here is private.
+
+    async with Journal.connect() as journal:          # embedded PostgreSQL
+        await journal.append("Account|1", [{"deposited": 10}], expected_seq_nr=0)
+        async for env in journal.current_events_by_slices("Account", 0, 1023):
+            ...
+"""
+
+from journal.aggregate import AggregateRepository, Loaded
+from journal.embedded import EmbeddedPostgres
+from journal.errors import (
+    ConcurrencyError,
+    DeserializationError,
+    EmbeddedServerError,
+    InvalidArgument,
+    InvalidPersistenceId,
+    InvalidSettings,
+    JournalError,
+    SerializationError,
+)
+from journal.journal import Journal
+from journal.model import NOT_LOADED, EventEnvelope, SerializedPayload, Snapshot, TimestampOffset
+from journal.serialization import (
+    BytesSerializer,
+    JsonSerializer,
+    Serializer,
+    SerializerRegistry,
+)
+from journal.settings import BacktrackingSettings, JournalSettings, QuerySettings
+from journal.slices import (
+    NUMBER_OF_SLICES,
+    PersistenceId,
+    SliceRange,
+    entity_type_of,
+    slice_for,
+    slice_ranges,
+)
+
+__all__ = [
+    "NOT_LOADED",
+    "NUMBER_OF_SLICES",
+    "AggregateRepository",
+    "BacktrackingSettings",
+    "BytesSerializer",
+    "ConcurrencyError",
+    "DeserializationError",
+    "EmbeddedPostgres",
+    "EmbeddedServerError",
+    "EventEnvelope",
+    "InvalidArgument",
+    "InvalidPersistenceId",
+    "InvalidSettings",
+    "Journal",
+    "JournalError",
+    "JournalSettings",
+    "JsonSerializer",
+    "Loaded",
+    "PersistenceId",
+    "QuerySettings",
+    "SerializedPayload",
+    "SerializationError",
+    "Serializer",
+    "SerializerRegistry",
+    "SliceRange",
+    "Snapshot",
+    "TimestampOffset",
+    "entity_type_of",
+    "slice_for",
+    "slice_ranges",
+]

@@ -1,0 +1,308 @@
+"""`Journal`: the one object a service holds to write and read events.
+
+It owns the connection pools, the notification sender/listener and the
+serializer registry, and delegates each concern to its module (writer,
+snapshots, queries). Construct it with `Journal.connect(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from journal.embedded import DSN_ENV, EmbeddedPostgres
+from journal.errors import InvalidArgument
+from journal.model import EventEnvelope, Snapshot, TimestampOffset
+from journal.notifications import NotificationListener, Notifier
+from journal.query import sql as q
+from journal.query.by_persistence_id import PersistenceIdQueries, check_seq_range
+from journal.query.reader import SliceReader
+from journal.rows import row_to_envelope
+from journal.schema import apply_schema
+from journal.serialization import SerializerRegistry
+from journal.settings import JournalSettings, QuerySettings
+from journal.slices import SliceRange, validate_entity_type, validate_persistence_id
+from journal.snapshots import SnapshotStore
+from journal.tables import Tables
+from journal.writer import EventWriter, prepare_append
+
+
+def resolve_dsn(dsn: str | None) -> str | None:
+    """The DSN to use: the argument, else `SLICEJOURNAL_DSN`, else None (embedded)."""
+    return dsn or os.environ.get(DSN_ENV) or None
+
+
+class Journal:
+    """An event journal in PostgreSQL with Pekko Persistence R2DBC's schema and semantics."""
+
+    def __init__(
+        self,
+        dsn: str,
+        settings: JournalSettings,
+        registry: SerializerRegistry,
+    ) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.serializers = registry
+        self.tables = Tables(settings)
+        size = {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size}
+        self.pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            dsn, kwargs={"autocommit": True}, open=False, name="slicejournal", **size
+        )
+        # Slice streams hold a connection while a catch-up chunk is consumed;
+        # their own pool keeps them from starving writers and handlers.
+        self.read_pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            dsn, kwargs={"autocommit": True}, open=False, name="slicejournal-read", **size
+        )
+        channel = self.tables.notify_channel
+        self._notifier = Notifier(channel, self._connect) if settings.notify else None
+        self._listener = (
+            NotificationListener(channel, self._connect) if settings.query.notifications else None
+        )
+        self._writer = EventWriter(
+            self.pool, self.tables, registry, settings.writer_id, self._notifier
+        )
+        self._snapshots = SnapshotStore(self.pool, self.tables, registry)
+        self._slices = SliceReader(
+            self.read_pool, self.tables, registry, settings.query, self._listener
+        )
+        self._by_pid = PersistenceIdQueries(
+            self.read_pool,
+            self.tables,
+            registry,
+            settings.page_size,
+            settings.query.refresh_interval.total_seconds(),
+            self._listener,
+        )
+
+    async def _connect(self) -> AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+
+    # -- lifecycle --------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        dsn: str | None = None,
+        settings: JournalSettings | None = None,
+        *,
+        serializers: SerializerRegistry | None = None,
+        create_schema: bool | None = None,
+    ) -> AsyncIterator[Journal]:
+        """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`) start the embedded server.
+
+        `create_schema` applies the DDL first; it defaults to True for the
+        embedded server and False for a configured database (run
+        `slicejournal init` there).
+        """
+        settings = settings or JournalSettings()
+        resolved = resolve_dsn(dsn)
+        embedded = None
+        if resolved is None:
+            embedded = EmbeddedPostgres()
+            resolved = embedded.start()
+            if create_schema is None:
+                create_schema = True
+        try:
+            journal = cls(resolved, settings, serializers or SerializerRegistry())
+            await journal.open(create_schema=bool(create_schema))
+            try:
+                yield journal
+            finally:
+                await journal.close()
+        finally:
+            if embedded is not None:
+                embedded.stop()
+
+    async def open(self, *, create_schema: bool = False) -> None:
+        """Open the pools (and apply the schema if asked)."""
+        if create_schema:
+            conn = await self._connect()
+            async with conn:
+                await apply_schema(conn, self.settings)
+        await self.pool.open(wait=True)
+        await self.read_pool.open(wait=True)
+
+    async def close(self) -> None:
+        """Send pending notifications, stop listening and close the pools."""
+        if self._notifier is not None:
+            await self._notifier.close()
+        if self._listener is not None:
+            await self._listener.close()
+        await self.read_pool.close()
+        await self.pool.close()
+
+    async def create_schema(self) -> None:
+        """Apply the DDL in `sql/` (idempotent)."""
+        async with self.pool.connection() as conn:
+            await apply_schema(conn, self.settings)
+
+    # -- write side -------------------------------------------------------
+
+    async def append(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> list[EventEnvelope]:
+        """Append events as seq_nr `expected_seq_nr + 1 ..` in one transaction.
+
+        Raises `ConcurrencyError` (and writes nothing) unless `expected_seq_nr`
+        is exactly the id's current highest seq_nr. With `conn`, the events are
+        written inside that connection's transaction (in a savepoint) and
+        become visible only when the caller commits.
+        """
+        batch = prepare_append(
+            self.serializers, persistence_id, events, expected_seq_nr, tags, metadata
+        )
+        return await self._writer.append(batch, conn)
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        """The highest seq_nr of the id (0 if it has none); deleted events still count."""
+        return await self._writer.highest_seq_nr(validate_persistence_id(persistence_id))
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Delete events up to and including `to_seq_nr`; the sequence is never reused."""
+        pid = validate_persistence_id(persistence_id)
+        if isinstance(to_seq_nr, bool) or not isinstance(to_seq_nr, int) or to_seq_nr < 0:
+            raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
+        return await self._writer.delete_events_to(pid, to_seq_nr)
+
+    async def save_snapshot(
+        self,
+        persistence_id: str,
+        seq_nr: int,
+        state: Any,
+        *,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> None:
+        """Store the id's state as of `seq_nr` (one row per id; older never overwrites newer)."""
+        await self._snapshots.save(
+            persistence_id, seq_nr, state, tags=tuple(tags), metadata=metadata, conn=conn
+        )
+
+    async def load_snapshot(self, persistence_id: str) -> Snapshot | None:
+        """The id's latest snapshot, or None."""
+        return await self._snapshots.load(persistence_id)
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        """Remove the id's snapshot."""
+        await self._snapshots.delete(persistence_id)
+
+    # -- queries by persistence id ----------------------------------------
+
+    def current_events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> AsyncIterator[EventEnvelope]:
+        """The id's stored events in seq_nr order (deleted ones skipped), then the end."""
+        pid = validate_persistence_id(persistence_id)
+        lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
+        return self._by_pid.current(pid, lo, hi)
+
+    def events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> AsyncIterator[EventEnvelope]:
+        """Like `current_events_by_persistence_id`, then waits for new events (live)."""
+        pid = validate_persistence_id(persistence_id)
+        lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
+        return self._by_pid.live(pid, lo, hi)
+
+    def current_persistence_ids(self, entity_type: str | None = None) -> AsyncIterator[str]:
+        """Every persistence id in the journal (optionally of one entity type), sorted."""
+        return self._by_pid.persistence_ids(entity_type)
+
+    # -- queries by slice ---------------------------------------------------
+
+    def events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+    ) -> AsyncIterator[EventEnvelope]:
+        """Live stream of the entity type's events in a slice range, never ending on its own.
+
+        Ordered by (db_timestamp, seq_nr), except that backtracking envelopes
+        (`source == "backtracking"`, payload not loaded) re-deliver recent
+        events that may have committed late; dedupe by (pid, seq_nr). Resuming
+        from an envelope's `offset` continues right after it. With
+        `heartbeats=True`, idle periods yield heartbeat envelopes whose offset
+        advances with the database clock.
+        """
+        self._check_slice_args(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            live=True,
+            heartbeats=heartbeats,
+            settings=settings,
+        )
+
+    def current_events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        settings: QuerySettings | None = None,
+    ) -> AsyncIterator[EventEnvelope]:
+        """The range's events up to the database time at the start, then the end."""
+        self._check_slice_args(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type, min_slice, max_slice, offset, live=False, settings=settings
+        )
+
+    @staticmethod
+    def _check_slice_args(
+        entity_type: object, min_slice: object, max_slice: object, offset: object
+    ) -> None:
+        validate_entity_type(entity_type)
+        SliceRange(min_slice, max_slice)  # type: ignore[arg-type]  # validates both
+        if offset is not None and not isinstance(offset, TimestampOffset):
+            raise InvalidArgument(
+                f"offset must be a TimestampOffset or None, got {type(offset).__name__}"
+            )
+
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
+        """One event with its payload (e.g. for a backtracking envelope), or None."""
+        pid = validate_persistence_id(persistence_id)
+        check_seq_range(seq_nr, None)
+        async with self.read_pool.connection() as conn:
+            cur = await conn.execute(q.one_event(self.tables), (pid, seq_nr))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return row_to_envelope(row, self.serializers, source="load")
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of a stored event, or None."""
+        pid = validate_persistence_id(persistence_id)
+        check_seq_range(seq_nr, None)
+        async with self.read_pool.connection() as conn:
+            cur = await conn.execute(q.timestamp_of(self.tables), (pid, seq_nr))
+            row = await cur.fetchone()
+        return None if row is None else row[0]
+
+    async def database_time(self) -> datetime:
+        """The database's current transaction time."""
+        return await self._slices.database_time()

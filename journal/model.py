@@ -1,0 +1,118 @@
+"""Immutable value types that cross the journal's API.
+
+They are plain frozen attrs classes so they can be hashed, compared, logged and
+handed between the async runtime, worker processes and tests without anyone
+mutating what another part is still reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, Final
+
+import attrs
+
+EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _freeze_seen(value: Mapping[str, int] | None) -> Mapping[str, int]:
+    return MappingProxyType(dict(value or {}))
+
+
+class _NotLoaded:
+    """Marker for an envelope whose payload was not read (backtracking rows)."""
+
+    _instance: _NotLoaded | None = None
+
+    def __new__(cls) -> _NotLoaded:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_LOADED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NOT_LOADED: Final = _NotLoaded()
+
+
+@attrs.frozen
+class TimestampOffset:
+    """Where a slice query is: a database timestamp plus the events already seen *at* it.
+
+    `seen` maps persistence id to the highest seq_nr emitted at exactly
+    `timestamp`, so restarting from this offset neither repeats those events nor
+    skips others that share the timestamp. `read_timestamp` is the database time
+    at which the row was read (used for lag figures).
+    """
+
+    timestamp: datetime
+    read_timestamp: datetime = EPOCH
+    seen: Mapping[str, int] = attrs.field(factory=dict, converter=_freeze_seen, hash=False)
+
+    @classmethod
+    def zero(cls) -> TimestampOffset:
+        """The offset before every event."""
+        return cls(EPOCH, EPOCH, {})
+
+
+@attrs.frozen
+class SerializedPayload:
+    """Bytes plus what is needed to turn them back into an object."""
+
+    serializer_id: int
+    manifest: str
+    payload: bytes
+
+
+@attrs.frozen
+class EventEnvelope:
+    """One event as read from the journal, with where it sits in it.
+
+    `event` is `NOT_LOADED` for envelopes from backtracking queries (which skip
+    the payload); `Journal.load_envelope` fetches it. `source` tells which kind
+    of query produced the envelope: "query", "backtracking", "persistence_id",
+    "append" or, for idle progress markers, "heartbeat".
+    """
+
+    persistence_id: str
+    entity_type: str
+    slice: int
+    seq_nr: int
+    db_timestamp: datetime
+    event: Any
+    serializer_id: int | None = None
+    serializer_manifest: str = ""
+    tags: tuple[str, ...] = ()
+    metadata: Any = None
+    writer: str = ""
+    offset: TimestampOffset | None = None
+    source: str = "query"
+
+    @property
+    def event_loaded(self) -> bool:
+        """False for backtracking envelopes whose payload has not been read."""
+        return self.event is not NOT_LOADED
+
+    @property
+    def is_heartbeat(self) -> bool:
+        """True for the idle progress markers a slice query emits when asked to."""
+        return self.source == "heartbeat"
+
+
+@attrs.frozen
+class Snapshot:
+    """The latest saved state of one persistence id."""
+
+    persistence_id: str
+    seq_nr: int
+    db_timestamp: datetime
+    write_timestamp: datetime
+    state: Any
+    tags: tuple[str, ...] = ()
+    metadata: Any = None

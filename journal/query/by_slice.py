@@ -1,0 +1,404 @@
+"""The slice query as a sans-I/O state machine.
+
+This object decides *what to ask the database next* and *what each returned
+row means*, but never talks to the database itself: the async driver in
+`reader.py` executes its requests and feeds the rows back. Keeping it pure
+means the subtle parts (late commits, backtracking, ties, bounded catch-up)
+are tested in microseconds without a server, and a sync driver (Spark
+executors) can reuse it unchanged.
+
+Why the query stays behind the clock: `db_timestamp` is the *start* of the
+writing transaction, so an event can become visible after events with later
+timestamps. The normal query only reads rows older than
+`now - behind_current_time`, and a backtracking query periodically re-reads a
+window in the past (`window + backtracking.behind_current_time` before the
+latest offset, never past it) to pick up what committed late. Backtracking
+rows are emitted without payload; the offset store drops the duplicates.
+
+Why `seen`: several events can share one timestamp (an atomic write, or many
+writers in one transaction). A query resumes *at* the latest timestamp and
+excludes the (pid, seq_nr) pairs already emitted there, so even more than
+`buffer_size` rows at one timestamp never stall it.
+
+Why buckets: far behind the tail, `ORDER BY db_timestamp` over everything
+after the offset would sort the rest of the journal on every poll. Counts per
+10-second bucket give an upper timestamp that bounds each scan to about
+`buffer_size` rows (at least one bucket); such a bounded chunk is streamed
+without LIMIT, so each row is sorted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+
+from journal.model import EPOCH, TimestampOffset
+from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
+from journal.settings import QuerySettings
+
+BUCKET_SECONDS = 10
+IDLE_POLLS_BEFORE_BACKTRACKING = 5
+BACKTRACKING_AFTER_BUFFERS = 3
+# After a notification, query once the notified event is older than
+# behind_current_time, plus this much for the trip to the server.
+NOTIFICATION_MARGIN = 0.005
+
+
+@attrs.frozen
+class RowsQuery:
+    """Read journal rows of the slice range, ordered by (db_timestamp, seq_nr).
+
+    Rows with `db_timestamp >= from_timestamp` are read, except those at exactly
+    `from_timestamp` whose seq_nr is <= `exclude[pid]`. `to_inclusive` and
+    `until_exclusive` bound the scan from above; live queries also stay
+    `behind_current_time` behind the database clock. `limit=None` means a
+    chunk bounded by `until_exclusive` that is streamed whole.
+    """
+
+    backtracking: bool
+    from_timestamp: datetime
+    exclude: Mapping[str, int]
+    to_inclusive: datetime | None
+    until_exclusive: datetime | None
+    behind_current_time: timedelta | None
+    limit: int | None
+
+    @property
+    def with_payload(self) -> bool:
+        return not self.backtracking
+
+
+@attrs.frozen
+class BucketsQuery:
+    """Count non-deleted rows per 10-second bucket from `from_timestamp` on."""
+
+    from_timestamp: datetime
+    to_inclusive: datetime | None
+    limit: int
+
+
+@attrs.frozen
+class Wait:
+    """Sleep until monotonic time `until`, or earlier if a notification arrives."""
+
+    until: float
+
+
+@attrs.frozen
+class HeartbeatDue:
+    """Nothing arrived for `heartbeat_interval`: read the database time and emit a heartbeat."""
+
+
+@attrs.frozen
+class Done:
+    """A `current` query has reached the database time at its start."""
+
+
+Request = RowsQuery | BucketsQuery | Wait | HeartbeatDue | Done
+
+
+@attrs.frozen
+class Bucket:
+    """Number of rows whose db_timestamp falls in [start, start + 10 s)."""
+
+    start: int  # epoch seconds, a multiple of BUCKET_SECONDS
+    count: int
+
+
+def bucket_start(ts: datetime) -> int:
+    """The start (epoch seconds) of the bucket holding `ts`."""
+    return int((ts - EPOCH).total_seconds() // BUCKET_SECONDS) * BUCKET_SECONDS
+
+
+class BySliceQuery:
+    """Decides the next query of one slice-range stream and interprets its rows.
+
+    Protocol, driven by the caller::
+
+        while True:
+            req = q.next_request(now)
+            RowsQuery    -> for each row: offset = q.on_row(row, read_ts);
+                            emit if not None; then q.on_rows_done()
+            BucketsQuery -> q.on_buckets([(bucket_start, count), ...])
+            Wait         -> sleep until req.until, or until a notification
+                            (report it with q.on_notification(now))
+            HeartbeatDue -> offset = q.on_heartbeat(db_now, now); emit a heartbeat
+            Done         -> stop
+
+    `now` is a monotonic clock in seconds; notifications are reported with
+    `on_notification(now)` at any time.
+    """
+
+    def __init__(
+        self,
+        settings: QuerySettings,
+        offset: TimestampOffset | None = None,
+        *,
+        live: bool = True,
+        end: datetime | None = None,
+        heartbeats: bool = False,
+        now: float = 0.0,
+    ) -> None:
+        if not live and end is None:
+            raise ValueError("a current (non-live) query needs the end timestamp")
+        self.settings = settings
+        self.live = live
+        self.end = end
+        self.heartbeats = heartbeats and live
+        start = offset or TimestampOffset.zero()
+        # What has been emitted by normal queries (the stream's offset).
+        self.latest = start
+        self._latest_seen: dict[str, int] = dict(start.seen)
+        # Where the next normal scan starts; runs ahead of `latest` after a
+        # bounded chunk that held no more rows.
+        self._scan_from = start.timestamp
+        self._scan_seen: Mapping[str, int] = self._latest_seen
+        # Backtracking position (None until the first backtracking query).
+        self.latest_backtracking: TimestampOffset | None = None
+        self._bt_seen: dict[str, int] = {}
+        self.backtracking = False
+        self._buckets: list[Bucket] | None = None
+        self._buckets_complete = False
+        self._current: RowsQuery | None = None
+        self._rows = 0
+        self._emitted_total = 0
+        self._last_full = True  # unknown position: count buckets before the first scan
+        self._idle_polls = 0
+        self._rows_since_backtracking = 0
+        self._wait: Wait | None = None
+        self._pending_notifications: list[float] = []
+        self._last_emit = now
+        self._done = False
+        # Statistics for tests and benchmarks.
+        self.queries = 0
+        self.backtracking_queries = 0
+        self.bucket_queries = 0
+
+    # -- decisions --------------------------------------------------------
+
+    def next_request(self, now: float) -> Request:
+        """What the driver should do next (call again after a wait or a notification)."""
+        if self._done:
+            return Done()
+        if self.heartbeats and now >= self._heartbeat_due():
+            return HeartbeatDue()
+        if self._wait is not None:
+            if now < self._wait.until:
+                return Wait(min(self._wait.until, self._heartbeat_due()))
+            self._wait = None
+        if not self.backtracking and self._should_switch_to_backtracking():
+            self._start_backtracking()
+        if self.backtracking:
+            return self._rows_query(self._backtracking_query())
+        if self._needs_buckets():
+            self.bucket_queries += 1
+            return BucketsQuery(self._scan_from, self.end, self.settings.bucket_limit)
+        return self._rows_query(self._normal_query(now))
+
+    def _heartbeat_due(self) -> float:
+        if not self.heartbeats:
+            return float("inf")
+        return self._last_emit + self.settings.heartbeat_interval.total_seconds()
+
+    def _rows_query(self, query: RowsQuery) -> RowsQuery:
+        self._current = query
+        self._rows = 0
+        self.queries += 1
+        if query.backtracking:
+            self.backtracking_queries += 1
+        return query
+
+    def _should_switch_to_backtracking(self) -> bool:
+        bt = self.settings.backtracking
+        if not (self.live and bt.enabled) or self.latest.timestamp == EPOCH:
+            return False
+        if self._idle_polls >= IDLE_POLLS_BEFORE_BACKTRACKING:
+            return True
+        if self._rows_since_backtracking >= BACKTRACKING_AFTER_BUFFERS * self.settings.buffer_size:
+            return True
+        lag_from = (
+            self.latest_backtracking.timestamp if self.latest_backtracking is not None else EPOCH
+        )
+        return self.latest.timestamp - lag_from > bt.window / 2
+
+    def _start_backtracking(self) -> None:
+        bt = self.settings.backtracking
+        if self.latest_backtracking is None:
+            first = self.latest.timestamp - (bt.window + bt.behind_current_time)
+            self.latest_backtracking = TimestampOffset(max(first, EPOCH), EPOCH, {})
+            self._bt_seen = {}
+        self.backtracking = True
+        self._idle_polls = 0
+        self._rows_since_backtracking = 0
+
+    def _backtracking_query(self) -> RowsQuery:
+        assert self.latest_backtracking is not None
+        return RowsQuery(
+            backtracking=True,
+            from_timestamp=self.latest_backtracking.timestamp,
+            exclude=dict(self._bt_seen),
+            to_inclusive=self.latest.timestamp,
+            until_exclusive=None,
+            behind_current_time=self.settings.backtracking.behind_current_time,
+            limit=self.settings.buffer_size,
+        )
+
+    def _needs_buckets(self) -> bool:
+        if not self._last_full:
+            return False  # at the tail: a LIMIT query touches few rows anyway
+        if self._buckets is None:
+            return True
+        return self._bound() is None and not self._buckets_complete
+
+    def _bound(self) -> datetime | None:
+        """End of the first bucket where rows from the scan position reach buffer_size.
+
+        If the counts were cut off at `bucket_limit` before reaching it, the end
+        of the last counted bucket still bounds the scan.
+        """
+        if not self._buckets:
+            return None
+        first = bucket_start(self._scan_from)
+        total = 0
+        last: Bucket | None = None
+        for bucket in self._buckets:
+            if bucket.start < first:
+                continue
+            last = bucket
+            total += bucket.count
+            if total >= self.settings.buffer_size:
+                break
+        else:
+            if self._buckets_complete or last is None:
+                return None
+        assert last is not None
+        return EPOCH + timedelta(seconds=last.start + BUCKET_SECONDS)
+
+    def _normal_query(self, now: float) -> RowsQuery:
+        bound = self._bound() if self._last_full else None
+        if bound is not None and self.end is not None and bound > self.end:
+            bound = None
+        if self._pending_notifications:
+            covered = now - self.settings.behind_current_time.total_seconds()
+            self._pending_notifications = [t for t in self._pending_notifications if t > covered]
+        return RowsQuery(
+            backtracking=False,
+            from_timestamp=self._scan_from,
+            exclude=dict(self._scan_seen),
+            to_inclusive=self.end,
+            until_exclusive=bound,
+            behind_current_time=self.settings.behind_current_time if self.live else None,
+            limit=None if bound is not None else self.settings.buffer_size,
+        )
+
+    # -- results ----------------------------------------------------------
+
+    def on_buckets(self, rows: Sequence[tuple[int, int]]) -> None:
+        """Bucket counts (start in epoch seconds, count), ordered by start.
+
+        The driver counts only complete buckets older than the query's lag, so
+        no bound ever lies ahead of what a normal query may read.
+        """
+        self._buckets = [Bucket(int(start), int(count)) for start, count in rows]
+        self._buckets_complete = len(rows) < self.settings.bucket_limit
+
+    def on_row(
+        self, row: Sequence[Any], read_timestamp: datetime, now: float = 0.0
+    ) -> TimestampOffset | None:
+        """The offset to emit the row with, or None if it was already emitted."""
+        query = self._current
+        assert query is not None, "on_row outside a RowsQuery"
+        self._rows += 1
+        ts: datetime = row[ROW_DB_TIMESTAMP]
+        pid: str = row[ROW_PID]
+        seq_nr: int = row[ROW_SEQ_NR]
+        if query.backtracking:
+            assert self.latest_backtracking is not None
+            seen = self._bt_seen
+            if ts > self.latest_backtracking.timestamp:
+                seen = self._bt_seen = {}
+            elif ts < self.latest_backtracking.timestamp or seen.get(pid, 0) >= seq_nr:
+                return None
+            seen[pid] = seq_nr
+            self.latest_backtracking = TimestampOffset(ts, read_timestamp, seen)
+            return self.latest_backtracking
+        if ts > self.latest.timestamp:
+            self._latest_seen = {}
+        elif ts < self.latest.timestamp or self._latest_seen.get(pid, 0) >= seq_nr:
+            return None
+        self._latest_seen[pid] = seq_nr
+        self.latest = TimestampOffset(ts, read_timestamp, self._latest_seen)
+        self._scan_from = ts
+        self._scan_seen = self._latest_seen
+        self._emitted_total += 1
+        self._last_emit = now
+        return self.latest
+
+    def on_rows_done(self, now: float = 0.0) -> None:
+        """The current RowsQuery has returned all its rows."""
+        query = self._current
+        assert query is not None, "on_rows_done outside a RowsQuery"
+        self._current = None
+        rows = self._rows
+        full = query.limit is not None and rows >= query.limit
+        if query.backtracking:
+            if not full:
+                self.backtracking = False
+            return
+        self._rows_since_backtracking += rows
+        self._idle_polls = self._idle_polls + 1 if rows == 0 else 0
+        if query.until_exclusive is not None:
+            # A bounded chunk was read whole (or up to its limit): nothing more
+            # is below the bound, so the next scan may start there.
+            if not full and query.until_exclusive > self._scan_from:
+                self._scan_from = query.until_exclusive
+                self._scan_seen = {}
+            self._last_full = True
+            return
+        self._last_full = full
+        if full:
+            self._buckets = None  # catching up again: recount from here
+        if not self.live:
+            if not full:
+                self._done = True
+            return
+        if full:
+            return
+        buffer = self.settings.buffer_size
+        refresh = self.settings.refresh_interval.total_seconds()
+        delay = refresh if rows <= buffer // 10 else refresh / 2
+        self._wait = Wait(now + delay)
+        if self._pending_notifications:
+            self._notification_wait()
+
+    def on_notification(self, now: float) -> None:
+        """A NOTIFY for this range arrived: query as soon as its event is old enough."""
+        if self._done:
+            return
+        self._pending_notifications.append(now)
+        if self._wait is not None:
+            self._notification_wait()
+
+    def _notification_wait(self) -> None:
+        assert self._wait is not None
+        due = (
+            min(self._pending_notifications)
+            + self.settings.behind_current_time.total_seconds()
+            + NOTIFICATION_MARGIN
+        )
+        if due < self._wait.until:
+            self._wait = Wait(due)
+
+    def on_heartbeat(self, db_now: datetime, now: float) -> TimestampOffset:
+        """Offset of an idle heartbeat: everything older than the query's lag was delivered."""
+        self._last_emit = now
+        return TimestampOffset(
+            max(db_now - self.settings.behind_current_time, self.latest.timestamp), db_now, {}
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._done

@@ -1,0 +1,168 @@
+"""The async driver of the slice query: executes `BySliceQuery`'s requests.
+
+Everything that needs a judgement lives in `by_slice.py`; this module only
+runs SQL, sleeps, and listens for wake-ups. Short (LIMIT) results are fetched
+whole and the connection is returned before any envelope is yielded; bounded
+catch-up chunks are streamed through a server-side cursor on the read pool,
+which handlers never draw from, so a slow consumer cannot starve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from journal.model import EventEnvelope, TimestampOffset
+from journal.notifications import NotificationListener
+from journal.query import sql as q
+from journal.query.by_slice import (
+    BucketsQuery,
+    BySliceQuery,
+    Done,
+    HeartbeatDue,
+    RowsQuery,
+    Wait,
+)
+from journal.rows import row_to_envelope
+from journal.serialization import SerializerRegistry
+from journal.settings import QuerySettings
+from journal.tables import Tables
+
+_cursor_ids = itertools.count()
+
+
+class SliceReader:
+    """Runs slice queries for one journal (shared by all its streams)."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        tables: Tables,
+        registry: SerializerRegistry,
+        settings: QuerySettings,
+        listener: NotificationListener | None,
+    ) -> None:
+        self._pool = pool
+        self._tables = tables
+        self._registry = registry
+        self._settings = settings
+        self._listener = listener
+
+    async def database_time(self) -> datetime:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(q.database_time())
+            row = await cur.fetchone()
+        assert row is not None
+        value: datetime = row[0]
+        return value
+
+    async def stream(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None,
+        *,
+        live: bool,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+    ) -> AsyncIterator[EventEnvelope]:
+        """Yield envelopes of the range as decided by a fresh `BySliceQuery`."""
+        settings = settings or self._settings
+        loop = asyncio.get_running_loop()
+        end = None if live else await self.database_time()
+        machine = BySliceQuery(
+            settings, offset, live=live, end=end, heartbeats=heartbeats, now=loop.time()
+        )
+        sub = None
+        if live and settings.notifications and self._listener is not None:
+            sub = self._listener.subscribe(entity_type, min_slice, max_slice)
+        try:
+            while True:
+                request = machine.next_request(loop.time())
+                if isinstance(request, Done):
+                    return
+                if isinstance(request, Wait):
+                    await self._wait(machine, request, sub)
+                elif isinstance(request, HeartbeatDue):
+                    db_now = await self.database_time()
+                    hb = machine.on_heartbeat(db_now, loop.time())
+                    yield _heartbeat(entity_type, min_slice, hb)
+                elif isinstance(request, BucketsQuery):
+                    statement, params = q.slice_buckets(
+                        self._tables,
+                        entity_type,
+                        min_slice,
+                        max_slice,
+                        request,
+                        settings.behind_current_time,
+                    )
+                    async with self._pool.connection() as conn:
+                        cur = await conn.execute(statement, params)
+                        machine.on_buckets(await cur.fetchall())
+                else:
+                    source = "backtracking" if request.backtracking else "query"
+                    rows = self._rows(entity_type, min_slice, max_slice, request)
+                    async with contextlib.aclosing(rows):
+                        async for row in rows:
+                            offset_ = machine.on_row(row, row[-1], loop.time())
+                            if offset_ is not None:
+                                yield row_to_envelope(
+                                    row, self._registry, source=source, offset=offset_
+                                )
+                    machine.on_rows_done(loop.time())
+        finally:
+            if sub is not None and self._listener is not None:
+                self._listener.unsubscribe(sub)
+
+    async def _rows(
+        self, entity_type: str, min_slice: int, max_slice: int, request: RowsQuery
+    ) -> AsyncIterator[Any]:
+        statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
+        if request.limit is not None:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(statement, params)
+                rows = await cur.fetchall()
+            for row in rows:
+                yield row
+            return
+        async with (
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor(name=f"slicejournal_chunk_{next(_cursor_ids)}") as cur,
+        ):
+            await cur.execute(statement, params)
+            while rows := await cur.fetchmany(self._settings.buffer_size):
+                for row in rows:
+                    yield row
+
+    async def _wait(self, machine: BySliceQuery, request: Wait, sub: Any) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = max(0.0, request.until - loop.time())
+        if sub is None:
+            await asyncio.sleep(timeout)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sub.event.wait(), timeout)
+        if sub.event.is_set():
+            sub.event.clear()
+            machine.on_notification(loop.time())
+
+
+def _heartbeat(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
+    return EventEnvelope(
+        persistence_id="",
+        entity_type=entity_type,
+        slice=min_slice,
+        seq_nr=0,
+        db_timestamp=offset.timestamp,
+        event=None,
+        offset=offset,
+        source="heartbeat",
+    )

@@ -1,0 +1,143 @@
+"""The SQL of the journal's queries, built with `psycopg.sql` from a `RowsQuery` or key.
+
+One place for every read statement, so the predicates that make the slice
+query correct (the `seen` exclusion, staying behind the clock, counting only
+complete buckets) are visible side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+
+from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
+from journal.rows import envelope_columns
+from journal.tables import Tables
+
+_RANGE = sql.SQL("entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s")
+
+
+def slice_rows(
+    tables: Tables, entity_type: str, min_slice: int, max_slice: int, query: RowsQuery
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """SELECT for one slice-range RowsQuery; the last column is the read time."""
+    where: list[sql.Composable] = [
+        _RANGE,
+        sql.SQL("db_timestamp >= %(from_ts)s"),
+        sql.SQL("deleted = false"),
+    ]
+    params: dict[str, Any] = {
+        "entity_type": entity_type,
+        "min_slice": min_slice,
+        "max_slice": max_slice,
+        "from_ts": query.from_timestamp,
+    }
+    if query.exclude:
+        # Events at exactly the start timestamp that were already emitted.
+        where.append(
+            sql.SQL(
+                "(db_timestamp > %(from_ts)s OR NOT EXISTS ("
+                "SELECT 1 FROM unnest(%(ex_pids)s::text[], %(ex_seqs)s::bigint[]) AS x(pid, seq) "
+                "WHERE x.pid = persistence_id AND x.seq >= seq_nr))"
+            )
+        )
+        params["ex_pids"] = list(query.exclude.keys())
+        params["ex_seqs"] = list(query.exclude.values())
+    if query.to_inclusive is not None:
+        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
+        params["to_ts"] = query.to_inclusive
+    if query.until_exclusive is not None:
+        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
+        params["until_ts"] = query.until_exclusive
+    if query.behind_current_time is not None:
+        where.append(sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"))
+        params["behind"] = query.behind_current_time
+    statement = sql.SQL(
+        "SELECT {columns}, transaction_timestamp() FROM {journal} WHERE {where} "
+        "ORDER BY db_timestamp, seq_nr"
+    ).format(
+        columns=envelope_columns(with_payload=query.with_payload),
+        journal=tables.journal,
+        where=sql.SQL(" AND ").join(where),
+    )
+    if query.limit is not None:
+        statement = sql.Composed([statement, sql.SQL(" LIMIT %(limit)s")])
+        params["limit"] = query.limit
+    return statement, params
+
+
+def slice_buckets(
+    tables: Tables,
+    entity_type: str,
+    min_slice: int,
+    max_slice: int,
+    query: BucketsQuery,
+    behind: Any,
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """Row counts per 10 s bucket; live queries count only complete buckets behind the clock."""
+    where: list[sql.Composable] = [
+        _RANGE,
+        sql.SQL("db_timestamp >= %(from_ts)s"),
+        sql.SQL("deleted = false"),
+    ]
+    params: dict[str, Any] = {
+        "entity_type": entity_type,
+        "min_slice": min_slice,
+        "max_slice": max_slice,
+        "from_ts": query.from_timestamp,
+        "limit": query.limit,
+        "width": BUCKET_SECONDS,
+    }
+    if query.to_inclusive is not None:
+        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
+        params["to_ts"] = query.to_inclusive
+    else:
+        where.append(
+            sql.SQL(
+                "db_timestamp < to_timestamp(floor(extract(epoch FROM "
+                "transaction_timestamp() - %(behind)s::interval) / %(width)s) * %(width)s)"
+            )
+        )
+        params["behind"] = behind
+    statement = sql.SQL(
+        "SELECT (floor(extract(epoch FROM db_timestamp) / %(width)s) * %(width)s)::bigint "
+        "AS bucket, count(*) FROM {journal} WHERE {where} "
+        "GROUP BY bucket ORDER BY bucket LIMIT %(limit)s"
+    ).format(journal=tables.journal, where=sql.SQL(" AND ").join(where))
+    return statement, params
+
+
+def by_persistence_id(tables: Tables) -> sql.Composed:
+    """Events of one id in seq_nr order, from/to inclusive, paged by LIMIT."""
+    return sql.SQL(
+        "SELECT {columns} FROM {journal} WHERE persistence_id = %(pid)s "
+        "AND seq_nr >= %(from_seq)s AND seq_nr <= %(to_seq)s AND deleted = false "
+        "ORDER BY seq_nr LIMIT %(limit)s"
+    ).format(columns=envelope_columns(), journal=tables.journal)
+
+
+def one_event(tables: Tables) -> sql.Composed:
+    """A single event (deleted or not) by id and seq_nr."""
+    return sql.SQL(
+        "SELECT {columns} FROM {journal} WHERE persistence_id = %s AND seq_nr = %s"
+    ).format(columns=envelope_columns(), journal=tables.journal)
+
+
+def timestamp_of(tables: Tables) -> sql.Composed:
+    return sql.SQL(
+        "SELECT db_timestamp FROM {journal} WHERE persistence_id = %s AND seq_nr = %s"
+    ).format(journal=tables.journal)
+
+
+def persistence_ids(tables: Tables, *, by_entity_type: bool) -> sql.Composed:
+    """Distinct ids after a key, keyset-paged (uses the primary key index)."""
+    extra = sql.SQL(" AND entity_type = %(entity_type)s") if by_entity_type else sql.SQL("")
+    return sql.SQL(
+        "SELECT DISTINCT persistence_id FROM {journal} "
+        "WHERE persistence_id > %(after)s{extra} ORDER BY persistence_id LIMIT %(limit)s"
+    ).format(journal=tables.journal, extra=extra)
+
+
+def database_time() -> sql.SQL:
+    return sql.SQL("SELECT transaction_timestamp()")

@@ -1,0 +1,102 @@
+"""The journal's column list and the one function that turns a row into an envelope.
+
+Every read path (by persistence id, by slices, `load_envelope`) selects the
+same columns in the same order and decodes them here, so a payload is decoded
+the same way whichever query produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from journal.model import NOT_LOADED, EventEnvelope, TimestampOffset
+from journal.serialization import SerializerRegistry
+
+_COLUMNS = (
+    "persistence_id",
+    "entity_type",
+    "slice",
+    "seq_nr",
+    "db_timestamp",
+    "writer",
+    "tags",
+    "event_ser_id",
+    "event_ser_manifest",
+    "meta_ser_id",
+    "meta_ser_manifest",
+    "meta_payload",
+)
+_PAYLOAD = "event_payload"
+
+
+def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
+    """The select list every envelope query uses; without payload it selects NULL instead."""
+    cols: list[sql.Composable] = [sql.Identifier(c) for c in _COLUMNS]
+    cols.append(sql.Identifier(_PAYLOAD) if with_payload else sql.SQL("NULL::bytea"))
+    return sql.SQL(", ").join(cols)
+
+
+Row = Sequence[Any]
+ROW_DB_TIMESTAMP = _COLUMNS.index("db_timestamp")
+ROW_PID = _COLUMNS.index("persistence_id")
+ROW_SEQ_NR = _COLUMNS.index("seq_nr")
+ROW_WIDTH = len(_COLUMNS) + 1  # queries may append columns after the payload
+
+
+def row_to_envelope(
+    row: Row,
+    registry: SerializerRegistry,
+    *,
+    source: str,
+    offset: TimestampOffset | None = None,
+) -> EventEnvelope:
+    """Decode one row (selected with `envelope_columns`) into an `EventEnvelope`."""
+    (
+        pid,
+        entity_type,
+        slice_,
+        seq_nr,
+        db_timestamp,
+        writer,
+        tags,
+        ser_id,
+        manifest,
+        meta_ser_id,
+        meta_manifest,
+        meta_payload,
+        payload,
+    ) = row[:ROW_WIDTH]
+    event: Any = NOT_LOADED
+    if payload is not None:
+        event = registry.deserialize(
+            ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr
+        )
+    metadata = None
+    if meta_payload is not None and meta_ser_id is not None:
+        metadata = registry.deserialize(
+            meta_ser_id, meta_manifest or "", meta_payload, persistence_id=pid, seq_nr=seq_nr
+        )
+    return EventEnvelope(
+        persistence_id=pid,
+        entity_type=entity_type,
+        slice=slice_,
+        seq_nr=seq_nr,
+        db_timestamp=db_timestamp,
+        event=event,
+        serializer_id=ser_id,
+        serializer_manifest=manifest,
+        tags=tuple(tags or ()),
+        metadata=metadata,
+        writer=writer,
+        offset=offset,
+        source=source,
+    )
+
+
+def offset_after(row: Row, read_timestamp: datetime) -> TimestampOffset:
+    """The offset of a single row, as if it were the only event seen at its timestamp."""
+    return TimestampOffset(row[ROW_DB_TIMESTAMP], read_timestamp, {row[ROW_PID]: row[ROW_SEQ_NR]})

@@ -1,0 +1,137 @@
+"""Settings objects, validated when built.
+
+A bad value (a negative duration, a window shorter than the delay it must
+cover, a table name PostgreSQL would silently truncate) is rejected here, when
+the service starts, not hours later inside a query. Defaults are Pekko
+Persistence R2DBC's, named in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import attrs
+
+from journal.errors import InvalidSettings
+
+MAX_IDENTIFIER_BYTES = 63
+
+
+def to_timedelta(value: timedelta | float | int) -> timedelta:
+    """Accept a timedelta or a number of seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidSettings(f"expected a timedelta or seconds, got {type(value).__name__}")
+    return timedelta(seconds=value)
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
+    if value < timedelta(0):
+        raise InvalidSettings(f"{attribute.name} must not be negative, got {value}")
+
+
+def _positive_duration(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
+    if value <= timedelta(0):
+        raise InvalidSettings(f"{attribute.name} must be positive, got {value}")
+
+
+def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettings(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _identifier(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidSettings(f"{attribute.name} must be a non-empty str, got {value!r}")
+    if "\x00" in value:
+        raise InvalidSettings(f"{attribute.name} must not contain NUL: {value!r}")
+    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        raise InvalidSettings(
+            f"{attribute.name} {value!r} is longer than PostgreSQL's "
+            f"{MAX_IDENTIFIER_BYTES}-byte identifier limit"
+        )
+
+
+def duration_field(default: timedelta, *, allow_zero: bool = True) -> Any:
+    """An attrs field holding a validated duration (timedelta or seconds)."""
+    return attrs.field(
+        default=default,
+        converter=to_timedelta,
+        validator=_non_negative if allow_zero else _positive_duration,
+    )
+
+
+@attrs.frozen
+class BacktrackingSettings:
+    """How far back the slice query re-reads to catch events that committed late."""
+
+    enabled: bool = True
+    window: timedelta = duration_field(timedelta(minutes=2), allow_zero=False)
+    behind_current_time: timedelta = duration_field(timedelta(seconds=10))
+
+    def __attrs_post_init__(self) -> None:
+        if self.window < self.behind_current_time:
+            raise InvalidSettings(
+                f"backtracking window ({self.window}) must not be shorter than "
+                f"backtracking behind_current_time ({self.behind_current_time})"
+            )
+
+
+@attrs.frozen
+class QuerySettings:
+    """Tuning of `events_by_slices` (Pekko's `query` section)."""
+
+    buffer_size: int = attrs.field(default=1000, validator=_positive_int)
+    refresh_interval: timedelta = duration_field(timedelta(seconds=3), allow_zero=False)
+    behind_current_time: timedelta = duration_field(timedelta(milliseconds=100))
+    backtracking: BacktrackingSettings = attrs.field(factory=BacktrackingSettings)
+    # Bucket counts (10 s each) used to bound catch-up scans; how many to fetch at once.
+    bucket_limit: int = attrs.field(default=10_000, validator=_positive_int)
+    # Emit heartbeat envelopes after this long without events (projection runners ask for them).
+    heartbeat_interval: timedelta = duration_field(timedelta(seconds=3), allow_zero=False)
+    # Use LISTEN/NOTIFY wake-ups; polling alone stays correct.
+    notifications: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.backtracking.enabled and self.backtracking.window < self.behind_current_time:
+            raise InvalidSettings(
+                f"backtracking window ({self.backtracking.window}) must not be shorter than "
+                f"behind_current_time ({self.behind_current_time})"
+            )
+
+
+def _default_writer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"[:255]
+
+
+@attrs.frozen
+class JournalSettings:
+    """Where the journal lives and how it talks to PostgreSQL."""
+
+    schema: str = attrs.field(default="public", validator=_identifier)
+    journal_table: str = attrs.field(default="event_journal", validator=_identifier)
+    snapshot_table: str = attrs.field(default="snapshot", validator=_identifier)
+    offset_table: str = attrs.field(
+        default="projection_timestamp_offset_store", validator=_identifier
+    )
+    management_table: str = attrs.field(default="projection_management", validator=_identifier)
+    dead_letter_table: str = attrs.field(default="projection_dead_letter", validator=_identifier)
+    pool_min_size: int = attrs.field(default=1, validator=_positive_int)
+    pool_max_size: int = attrs.field(default=10, validator=_positive_int)
+    writer_id: str = attrs.field(factory=_default_writer)
+    # Send a NOTIFY hint after each committed append (coalesced; see journal/notifications.py).
+    notify: bool = True
+    # Page size of current_persistence_ids and events_by_persistence_id.
+    page_size: int = attrs.field(default=1000, validator=_positive_int)
+    query: QuerySettings = attrs.field(factory=QuerySettings)
+
+    def __attrs_post_init__(self) -> None:
+        if self.pool_min_size > self.pool_max_size:
+            raise InvalidSettings(
+                f"pool_min_size ({self.pool_min_size}) exceeds pool_max_size ({self.pool_max_size})"
+            )

@@ -1,0 +1,130 @@
+"""Snapshots: one row per persistence id holding its latest saved state.
+
+An aggregate with a long history loads its snapshot and only the events after
+it. The row carries the slice and db_timestamp like events do, so snapshot
+rows can later be fed to slice queries (Pekko's "start from snapshot").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+
+from journal.errors import InvalidArgument
+from journal.model import Snapshot
+from journal.serialization import SerializerRegistry
+from journal.slices import entity_type_of, slice_for, validate_persistence_id
+from journal.tables import Tables
+
+
+class SnapshotStore:
+    """Saves, loads and deletes the snapshot row of a persistence id."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], tables: Tables, registry: SerializerRegistry
+    ) -> None:
+        self._pool = pool
+        self._registry = registry
+        t = tables.snapshot
+        self._upsert = sql.SQL(
+            """
+            INSERT INTO {t} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
+                             write_timestamp, ser_id, ser_manifest, snapshot, tags,
+                             meta_ser_id, meta_ser_manifest, meta_payload)
+            VALUES (%(slice)s, %(entity_type)s, %(pid)s, %(seq_nr)s, transaction_timestamp(),
+                    %(write_ts)s, %(ser_id)s, %(manifest)s, %(payload)s, %(tags)s::text[],
+                    %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s)
+            ON CONFLICT (persistence_id) DO UPDATE SET
+              seq_nr = excluded.seq_nr, db_timestamp = excluded.db_timestamp,
+              write_timestamp = excluded.write_timestamp, ser_id = excluded.ser_id,
+              ser_manifest = excluded.ser_manifest, snapshot = excluded.snapshot,
+              tags = excluded.tags, meta_ser_id = excluded.meta_ser_id,
+              meta_ser_manifest = excluded.meta_ser_manifest,
+              meta_payload = excluded.meta_payload
+            WHERE {t}.seq_nr <= excluded.seq_nr
+            """
+        ).format(t=t)
+        self._select = sql.SQL(
+            "SELECT seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, "
+            "tags, meta_ser_id, meta_ser_manifest, meta_payload "
+            "FROM {t} WHERE persistence_id = %s"
+        ).format(t=t)
+        self._delete = sql.SQL("DELETE FROM {t} WHERE persistence_id = %s").format(t=t)
+
+    async def save(
+        self,
+        persistence_id: str,
+        seq_nr: int,
+        state: Any,
+        *,
+        tags: tuple[str, ...] = (),
+        metadata: Any = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> None:
+        """Store `state` as of `seq_nr`; an older snapshot never overwrites a newer one."""
+        pid = validate_persistence_id(persistence_id)
+        if isinstance(seq_nr, bool) or not isinstance(seq_nr, int) or seq_nr < 1:
+            raise InvalidArgument(f"snapshot seq_nr must be an int >= 1, got {seq_nr!r}")
+        payload = self._registry.serialize(state, what="snapshot")
+        meta = self._registry.serialize(metadata, what="metadata") if metadata is not None else None
+        params = {
+            "slice": slice_for(pid),
+            "entity_type": entity_type_of(pid),
+            "pid": pid,
+            "seq_nr": seq_nr,
+            "write_ts": int(time.time() * 1000),
+            "ser_id": payload.serializer_id,
+            "manifest": payload.manifest,
+            "payload": payload.payload,
+            "tags": list(tags) or None,
+            "meta_ser_id": meta.serializer_id if meta else None,
+            "meta_manifest": meta.manifest if meta else None,
+            "meta_payload": meta.payload if meta else None,
+        }
+        if conn is not None:
+            await conn.execute(self._upsert, params)
+        else:
+            async with self._pool.connection() as own:
+                await own.execute(self._upsert, params)
+
+    async def load(self, persistence_id: str) -> Snapshot | None:
+        """The latest snapshot of the id, or None."""
+        pid = validate_persistence_id(persistence_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(self._select, (pid,))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, m_id, m_manifest, m_payload = row
+        state = self._registry.deserialize(
+            ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr
+        )
+        metadata = None
+        if m_payload is not None and m_id is not None:
+            metadata = self._registry.deserialize(
+                m_id, m_manifest or "", m_payload, persistence_id=pid, seq_nr=seq_nr
+            )
+        return Snapshot(
+            persistence_id=pid,
+            seq_nr=seq_nr,
+            db_timestamp=db_ts,
+            write_timestamp=_from_millis(write_ts),
+            state=state,
+            tags=tuple(tags or ()),
+            metadata=metadata,
+        )
+
+    async def delete(self, persistence_id: str) -> None:
+        """Remove the id's snapshot (if any)."""
+        pid = validate_persistence_id(persistence_id)
+        async with self._pool.connection() as conn:
+            await conn.execute(self._delete, (pid,))
+
+
+def _from_millis(millis: int) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(millis / 1000, tz=UTC)

@@ -1,0 +1,77 @@
+"""Quoted names of every table the product uses, derived from the settings.
+
+Schema and table names are user settings; they reach SQL only as
+`psycopg.sql.Identifier`s built here, so no configured name can ever be read
+as SQL. The NOTIFY channel is derived from them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+
+import attrs
+from psycopg import sql
+
+from journal.settings import JournalSettings
+
+_INDEX_SUFFIX = "_slice_idx"
+
+
+@attrs.frozen
+class Tables:
+    """Qualified identifiers for one journal installation (schema + table names)."""
+
+    settings: JournalSettings
+
+    def _qualified(self, table: str) -> sql.Identifier:
+        return sql.Identifier(self.settings.schema, table)
+
+    @cached_property
+    def schema(self) -> sql.Identifier:
+        return sql.Identifier(self.settings.schema)
+
+    @cached_property
+    def journal(self) -> sql.Identifier:
+        return self._qualified(self.settings.journal_table)
+
+    @cached_property
+    def journal_slice_index(self) -> sql.Identifier:
+        # An index name is unqualified and lives in the table's schema; keep it
+        # within the identifier limit so PostgreSQL never truncates it silently.
+        base = self.settings.journal_table.encode("utf-8")[: 63 - len(_INDEX_SUFFIX)]
+        return sql.Identifier(base.decode("utf-8", "ignore") + _INDEX_SUFFIX)
+
+    @cached_property
+    def snapshot(self) -> sql.Identifier:
+        return self._qualified(self.settings.snapshot_table)
+
+    @cached_property
+    def offset_store(self) -> sql.Identifier:
+        return self._qualified(self.settings.offset_table)
+
+    @cached_property
+    def management(self) -> sql.Identifier:
+        return self._qualified(self.settings.management_table)
+
+    @cached_property
+    def dead_letter(self) -> sql.Identifier:
+        return self._qualified(self.settings.dead_letter_table)
+
+    @cached_property
+    def notify_channel(self) -> str:
+        """The LISTEN/NOTIFY channel of this journal table: short, fixed-length, safe."""
+        key = f"{self.settings.schema}\x00{self.settings.journal_table}".encode()
+        return "slicejournal_" + hashlib.sha1(key).hexdigest()[:16]
+
+    def ddl_names(self) -> dict[str, sql.Composable]:
+        """The placeholders the files in `sql/` use."""
+        return {
+            "schema": self.schema,
+            "event_journal": self.journal,
+            "event_journal_slice_idx": self.journal_slice_index,
+            "snapshot": self.snapshot,
+            "offset_store": self.offset_store,
+            "management": self.management,
+            "dead_letter": self.dead_letter,
+        }

@@ -1,0 +1,251 @@
+"""Appending and deleting events.
+
+An append is a single statement: it reads the persistence id's highest row,
+checks the caller's `expected_seq_nr` against it and inserts the batch with
+`db_timestamp = GREATEST(transaction_timestamp(), previous + 1 µs)`, all in one
+round trip. Two writers racing for the same seq_nr collide on the primary key;
+the loser gets `ConcurrencyError` and nothing of its batch is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+
+from journal.errors import ConcurrencyError, InvalidArgument, SerializationError
+from journal.model import EventEnvelope, SerializedPayload
+from journal.notifications import Notifier, send_notification
+from journal.serialization import SerializerRegistry
+from journal.slices import entity_type_of, slice_for, validate_persistence_id
+from journal.tables import Tables
+
+MAX_TAG_LENGTH = 255
+
+
+@attrs.frozen
+class PreparedAppend:
+    """A validated, serialized batch: everything `append` needs before touching the database."""
+
+    persistence_id: str
+    entity_type: str
+    slice: int
+    expected_seq_nr: int
+    events: tuple[Any, ...]
+    payloads: tuple[SerializedPayload, ...]
+    tags: tuple[str, ...]
+    metadata: Any
+    meta: SerializedPayload | None
+
+
+def prepare_append(
+    registry: SerializerRegistry,
+    persistence_id: object,
+    events: Sequence[Any],
+    expected_seq_nr: object,
+    tags: Sequence[str],
+    metadata: Any,
+) -> PreparedAppend:
+    """Validate arguments and serialize every event; raises before any I/O."""
+    pid = validate_persistence_id(persistence_id)
+    if isinstance(expected_seq_nr, bool) or not isinstance(expected_seq_nr, int):
+        raise InvalidArgument(
+            f"expected_seq_nr must be an int, got {type(expected_seq_nr).__name__}"
+        )
+    if expected_seq_nr < 0:
+        raise InvalidArgument(f"expected_seq_nr must be >= 0, got {expected_seq_nr}")
+    if isinstance(events, str | bytes) or not isinstance(events, Sequence):
+        raise InvalidArgument("events must be a sequence (list or tuple) of events")
+    if not events:
+        raise InvalidArgument(f"append to {pid!r} needs at least one event")
+    if isinstance(tags, str):
+        raise InvalidArgument("tags must be a sequence of str, not a single str")
+    tag_tuple = tuple(tags)
+    for tag in tag_tuple:
+        if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_LENGTH or "\x00" in tag:
+            raise InvalidArgument(f"invalid tag {tag!r}: tags are non-empty str up to 255 chars")
+    payloads = []
+    for i, event in enumerate(events):
+        try:
+            payloads.append(registry.serialize(event))
+        except SerializationError as e:
+            raise SerializationError(
+                f"event {i + 1} of {len(events)} for {pid!r} "
+                f"(seq_nr {expected_seq_nr + i + 1}): {e}"
+            ) from e
+    meta = registry.serialize(metadata, what="metadata") if metadata is not None else None
+    return PreparedAppend(
+        persistence_id=pid,
+        entity_type=entity_type_of(pid),
+        slice=slice_for(pid),
+        expected_seq_nr=expected_seq_nr,
+        events=tuple(events),
+        payloads=tuple(payloads),
+        tags=tag_tuple,
+        metadata=metadata,
+        meta=meta,
+    )
+
+
+class EventWriter:
+    """Executes appends and deletes against one journal table."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        tables: Tables,
+        registry: SerializerRegistry,
+        writer_id: str,
+        notifier: Notifier | None,
+    ) -> None:
+        self._pool = pool
+        self._tables = tables
+        self._registry = registry
+        self._writer_id = writer_id
+        self._notifier = notifier
+        self._append_sql = sql.SQL(
+            """
+            WITH prev AS (
+              SELECT seq_nr, db_timestamp FROM {journal}
+              WHERE persistence_id = %(pid)s ORDER BY seq_nr DESC LIMIT 1
+            ), ins AS (
+              INSERT INTO {journal} (
+                slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
+                event_ser_id, event_ser_manifest, event_payload, tags,
+                meta_ser_id, meta_ser_manifest, meta_payload, deleted
+              )
+              SELECT %(slice)s, %(entity_type)s, %(pid)s, e.seq_nr,
+                GREATEST(
+                  transaction_timestamp(),
+                  (SELECT db_timestamp FROM prev) + interval '1 microsecond'
+                ),
+                %(writer)s, e.ser_id, e.manifest, e.payload, %(tags)s::text[],
+                %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s::bytea, false
+              FROM unnest(%(seq_nrs)s::bigint[], %(ser_ids)s::int[], %(manifests)s::text[],
+                          %(payloads)s::bytea[]) AS e(seq_nr, ser_id, manifest, payload)
+              WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %(expected)s
+              RETURNING seq_nr, db_timestamp
+            )
+            SELECT seq_nr, db_timestamp FROM ins ORDER BY seq_nr
+            """
+        ).format(journal=tables.journal)
+        self._highest_sql = sql.SQL(
+            "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
+        ).format(journal=tables.journal)
+
+    async def append(
+        self, batch: PreparedAppend, conn: AsyncConnection[Any] | None = None
+    ) -> list[EventEnvelope]:
+        """Store a prepared batch; in `conn`'s transaction if given, else on its own."""
+        params = {
+            "pid": batch.persistence_id,
+            "slice": batch.slice,
+            "entity_type": batch.entity_type,
+            "writer": self._writer_id,
+            "tags": list(batch.tags) or None,
+            "meta_ser_id": batch.meta.serializer_id if batch.meta else None,
+            "meta_manifest": batch.meta.manifest if batch.meta else None,
+            "meta_payload": batch.meta.payload if batch.meta else None,
+            "seq_nrs": [batch.expected_seq_nr + i + 1 for i in range(len(batch.payloads))],
+            "ser_ids": [p.serializer_id for p in batch.payloads],
+            "manifests": [p.manifest for p in batch.payloads],
+            "payloads": [p.payload for p in batch.payloads],
+            "expected": batch.expected_seq_nr,
+        }
+        if conn is not None:
+            # The caller owns the transaction: run inside a savepoint so a
+            # conflict does not poison the caller's other work, and notify
+            # inside it (delivered only if the caller commits).
+            async with conn.transaction():
+                rows = await self._insert(conn, batch, params)
+                if self._notifier is not None:
+                    await send_notification(
+                        conn,
+                        self._tables.notify_channel,
+                        batch.entity_type,
+                        1 << (batch.slice // 16),
+                    )
+        else:
+            async with self._pool.connection() as own:
+                rows = await self._insert(own, batch, params)
+            if self._notifier is not None:
+                self._notifier.changed(batch.entity_type, batch.slice)
+        return [
+            EventEnvelope(
+                persistence_id=batch.persistence_id,
+                entity_type=batch.entity_type,
+                slice=batch.slice,
+                seq_nr=seq_nr,
+                db_timestamp=db_timestamp,
+                event=event,
+                serializer_id=payload.serializer_id,
+                serializer_manifest=payload.manifest,
+                tags=batch.tags,
+                metadata=batch.metadata,
+                writer=self._writer_id,
+                source="append",
+            )
+            for (seq_nr, db_timestamp), event, payload in zip(
+                rows, batch.events, batch.payloads, strict=True
+            )
+        ]
+
+    async def _insert(
+        self, conn: AsyncConnection[Any], batch: PreparedAppend, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute(self._append_sql, params)
+                rows = await cur.fetchall()
+        except psycopg.errors.UniqueViolation:
+            rows = []
+        if not rows:
+            actual = await self.highest_seq_nr(batch.persistence_id, conn=None)
+            raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+        return rows
+
+    async def highest_seq_nr(
+        self, persistence_id: str, conn: AsyncConnection[Any] | None = None
+    ) -> int:
+        """The highest seq_nr stored for the id (deleted marker rows included), 0 if none."""
+        if conn is not None:
+            cur = await conn.execute(self._highest_sql, (persistence_id,))
+            row = await cur.fetchone()
+        else:
+            async with self._pool.connection() as own:
+                cur = await own.execute(self._highest_sql, (persistence_id,))
+                row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Delete events up to `to_seq_nr` (clipped to the highest), keeping a marker row.
+
+        The row at the clipped seq_nr stays as a `deleted = true` marker without
+        payload, so the highest seq_nr never goes backwards and is never reused.
+        Returns the seq_nr of that marker (0 when there was nothing to delete).
+        """
+        journal = self._tables.journal
+        async with self._pool.connection() as conn, conn.transaction():
+            highest = await self.highest_seq_nr(persistence_id, conn)
+            target = min(to_seq_nr, highest)
+            if target < 1:
+                return 0
+            await conn.execute(
+                sql.SQL(
+                    "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s"
+                ).format(journal=journal),
+                (persistence_id, target),
+            )
+            await conn.execute(
+                sql.SQL(
+                    "UPDATE {journal} SET deleted = true, event_payload = ''::bytea, "
+                    "meta_payload = NULL, meta_ser_id = NULL, meta_ser_manifest = NULL "
+                    "WHERE persistence_id = %s AND seq_nr = %s"
+                ).format(journal=journal),
+                (persistence_id, target),
+            )
+            return target
