@@ -72,13 +72,17 @@ class AggregateRepository(Generic[S, E]):
             snapshot = await self._journal.load_snapshot(persistence_id)
             if snapshot is not None:
                 state, seq_nr = snapshot.state, snapshot.seq_nr
+        # Read the highest seq_nr first and fold only up to it: an event committed
+        # after that read then stays out of both, so `state` is exactly the state at
+        # the returned seq_nr (asking afterwards could claim events never folded in).
+        highest = await self._journal.highest_seq_nr(persistence_id)
         async for env in self._journal.current_events_by_persistence_id(
-            persistence_id, from_seq_nr=seq_nr + 1
+            persistence_id, from_seq_nr=seq_nr + 1, to_seq_nr=highest
         ):
             state = self._evolve(state, env.event)
             seq_nr = env.seq_nr
         # Deleted events are skipped by the query but still own their seq_nrs.
-        seq_nr = max(seq_nr, await self._journal.highest_seq_nr(persistence_id))
+        seq_nr = max(seq_nr, highest)
         return Loaded(persistence_id, state, seq_nr)
 
     async def persist(

@@ -13,6 +13,7 @@ from functools import cached_property
 import attrs
 from psycopg import sql
 
+from journal.errors import InvalidSettings
 from journal.settings import JournalSettings
 
 _INDEX_SUFFIX = "_slice_idx"
@@ -35,12 +36,33 @@ class Tables:
     def journal(self) -> sql.Identifier:
         return self._qualified(self.settings.journal_table)
 
+    def __attrs_post_init__(self) -> None:
+        # psycopg reads `%` as a placeholder even inside a quoted identifier, so
+        # such a name would break (or redirect) every parameterised statement.
+        s = self.settings
+        for field in (
+            "schema",
+            "journal_table",
+            "snapshot_table",
+            "offset_table",
+            "management_table",
+            "dead_letter_table",
+        ):
+            if "%" in getattr(s, field):
+                raise InvalidSettings(f"{field} must not contain '%': {getattr(s, field)!r}")
+
     @cached_property
     def journal_slice_index(self) -> sql.Identifier:
         # An index name is unqualified and lives in the table's schema; keep it
         # within the identifier limit so PostgreSQL never truncates it silently.
-        base = self.settings.journal_table.encode("utf-8")[: 63 - len(_INDEX_SUFFIX)]
-        return sql.Identifier(base.decode("utf-8", "ignore") + _INDEX_SUFFIX)
+        table = self.settings.journal_table
+        if len(table.encode("utf-8")) + len(_INDEX_SUFFIX) <= 63:
+            return sql.Identifier(table + _INDEX_SUFFIX)
+        # Too long: cut it and add a hash of the full name, so two long table
+        # names sharing a prefix do not share (and silently skip) one index.
+        digest = "_" + hashlib.sha1(table.encode("utf-8")).hexdigest()[:8]
+        base = table.encode("utf-8")[: 63 - len(_INDEX_SUFFIX) - len(digest)]
+        return sql.Identifier(base.decode("utf-8", "ignore") + digest + _INDEX_SUFFIX)
 
     @cached_property
     def snapshot(self) -> sql.Identifier:

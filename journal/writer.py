@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, pq, sql
 from psycopg_pool import AsyncConnectionPool
 
 from journal.errors import ConcurrencyError, InvalidArgument, SerializationError
@@ -157,11 +157,18 @@ class EventWriter:
             "expected": batch.expected_seq_nr,
         }
         if conn is not None:
+            if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                # The caller's transaction begins with its first statement; without
+                # this, `conn.transaction()` below would be the outer transaction and
+                # commit the events before the caller decides to.
+                await conn.execute("SELECT 1")
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
             async with conn.transaction():
-                rows = await self._insert(conn, batch, params)
+                rows = await self._insert(conn, params)
+                if not rows:
+                    raise psycopg.Rollback()  # back to the savepoint, then report below
                 if self._notifier is not None:
                     await send_notification(
                         conn,
@@ -169,9 +176,17 @@ class EventWriter:
                         batch.entity_type,
                         1 << (batch.slice // 16),
                     )
+            if not rows:
+                actual = await self.highest_seq_nr(batch.persistence_id, conn)
+                raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
             async with self._pool.connection() as own:
-                rows = await self._insert(own, batch, params)
+                rows = await self._insert(own, params)
+                if not rows:
+                    # Ask on the connection already held: taking a second one from the
+                    # pool while holding this one can exhaust the pool under contention.
+                    actual = await self.highest_seq_nr(batch.persistence_id, own)
+                    raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
             if self._notifier is not None:
                 self._notifier.changed(batch.entity_type, batch.slice)
         return [
@@ -195,18 +210,15 @@ class EventWriter:
         ]
 
     async def _insert(
-        self, conn: AsyncConnection[Any], batch: PreparedAppend, params: dict[str, Any]
+        self, conn: AsyncConnection[Any], params: dict[str, Any]
     ) -> list[tuple[Any, ...]]:
+        """The stored (seq_nr, db_timestamp) rows; empty if `expected_seq_nr` was not current."""
         try:
             async with conn.cursor() as cur:
                 await cur.execute(self._append_sql, params)
-                rows = await cur.fetchall()
+                return await cur.fetchall()
         except psycopg.errors.UniqueViolation:
-            rows = []
-        if not rows:
-            actual = await self.highest_seq_nr(batch.persistence_id, conn=None)
-            raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
-        return rows
+            return []
 
     async def highest_seq_nr(
         self, persistence_id: str, conn: AsyncConnection[Any] | None = None

@@ -160,6 +160,7 @@ class BySliceQuery:
         self.latest_backtracking: TimestampOffset | None = None
         self._bt_seen: dict[str, int] = {}
         self.backtracking = False
+        self._after_backtracking = False
         self._buckets: list[Bucket] | None = None
         self._buckets_complete = False
         self._current: RowsQuery | None = None
@@ -189,7 +190,11 @@ class BySliceQuery:
             if now < self._wait.until:
                 return Wait(min(self._wait.until, self._heartbeat_due()))
             self._wait = None
-        if not self.backtracking and self._should_switch_to_backtracking():
+        if self._after_backtracking:
+            # One normal query always follows a backtracking run, so a window
+            # with nothing to re-read cannot make the two modes ping-pong.
+            self._after_backtracking = False
+        elif not self.backtracking and self._should_switch_to_backtracking():
             self._start_backtracking()
         if self.backtracking:
             return self._rows_query(self._backtracking_query())
@@ -219,6 +224,8 @@ class BySliceQuery:
             return True
         if self._rows_since_backtracking >= BACKTRACKING_AFTER_BUFFERS * self.settings.buffer_size:
             return True
+        if self._rows_since_backtracking == 0:
+            return False  # nothing new since the last run; the idle rule covers quiet streams
         lag_from = (
             self.latest_backtracking.timestamp if self.latest_backtracking is not None else EPOCH
         )
@@ -347,6 +354,7 @@ class BySliceQuery:
         if query.backtracking:
             if not full:
                 self.backtracking = False
+                self._after_backtracking = True
             return
         self._rows_since_backtracking += rows
         self._idle_polls = self._idle_polls + 1 if rows == 0 else 0

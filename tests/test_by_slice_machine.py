@@ -1,0 +1,354 @@
+"""The slice query state machine, driven against an in-memory model of the journal.
+
+No database here on purpose: `BySliceQuery` is sans-I/O, so its decisions can be
+checked over thousands of generated histories (late commits, ties, bounded
+catch-up) in seconds. The model executes each request with the same semantics
+as the SQL in `journal/query/sql.py`; the PostgreSQL tests in
+`test_slice_queries.py` check that SQL against a real server.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from journal import InvalidSettings, QuerySettings, TimestampOffset
+from journal.model import EPOCH
+from journal.query.by_slice import (
+    BUCKET_SECONDS,
+    BucketsQuery,
+    BySliceQuery,
+    Done,
+    HeartbeatDue,
+    RowsQuery,
+    Wait,
+    bucket_start,
+)
+from journal.settings import BacktrackingSettings
+
+BASE = EPOCH + timedelta(days=20000)
+
+
+def at(seconds: float) -> datetime:
+    return BASE + timedelta(seconds=seconds)
+
+
+@attrs.frozen
+class Ev:
+    pid: str
+    seq_nr: int
+    ts: float  # db_timestamp, seconds after BASE
+    commit: float  # when it becomes visible
+
+
+def row(ev: Ev) -> tuple[Any, ...]:
+    # Column layout of journal.rows: pid, entity_type, slice, seq_nr, db_timestamp, ...
+    return (ev.pid, "T", 0, ev.seq_nr, at(ev.ts), "w", None, 1, "", None, None, None, b"x")
+
+
+class Model:
+    """Executes BySliceQuery requests against a list of events with commit times."""
+
+    def __init__(self, events: list[Ev]) -> None:
+        self.events = sorted(events, key=lambda e: (e.ts, e.seq_nr, e.pid))
+
+    def visible(self, now: float) -> list[Ev]:
+        return [e for e in self.events if e.commit <= now]
+
+    def rows(self, q: RowsQuery, now: float) -> list[Ev]:
+        out = []
+        for e in self.visible(now):
+            ts = at(e.ts)
+            if ts < q.from_timestamp:
+                continue
+            if ts == q.from_timestamp and q.exclude.get(e.pid, 0) >= e.seq_nr:
+                continue
+            if q.to_inclusive is not None and ts > q.to_inclusive:
+                continue
+            if q.until_exclusive is not None and ts >= q.until_exclusive:
+                continue
+            if q.behind_current_time is not None and ts >= at(now) - q.behind_current_time:
+                continue
+            out.append(e)
+        return out if q.limit is None else out[: q.limit]
+
+    def buckets(self, q: BucketsQuery, now: float, behind: timedelta) -> list[tuple[int, int]]:
+        counts: dict[int, int] = {}
+        limit_ts = bucket_start(at(now) - behind)
+        for e in self.visible(now):
+            ts = at(e.ts)
+            if ts < q.from_timestamp:
+                continue
+            if q.to_inclusive is not None and ts > q.to_inclusive:
+                continue
+            if q.to_inclusive is None and ts >= EPOCH + timedelta(seconds=limit_ts):
+                continue
+            counts[bucket_start(ts)] = counts.get(bucket_start(ts), 0) + 1
+        return sorted(counts.items())[: q.limit]
+
+
+@attrs.define
+class Emitted:
+    ev: tuple[str, int]
+    source: str
+    offset: TimestampOffset
+
+
+def drive(
+    machine: BySliceQuery,
+    model: Model,
+    *,
+    start: float,
+    until: float,
+    step: float = 0.0,
+    stop_after: int | None = None,
+) -> list[Emitted]:
+    """Run the machine in simulated time; each query takes `step` seconds."""
+    now = start
+    out: list[Emitted] = []
+    while now < until:
+        req = machine.next_request(now)
+        if isinstance(req, Done):
+            break
+        if isinstance(req, Wait):
+            assert req.until > now
+            now = req.until
+        elif isinstance(req, HeartbeatDue):
+            machine.on_heartbeat(at(now), now)
+        elif isinstance(req, BucketsQuery):
+            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+        else:
+            source = "backtracking" if req.backtracking else "query"
+            for e in model.rows(req, now):
+                off = machine.on_row(row(e), at(now), now)
+                if off is not None:
+                    out.append(Emitted((e.pid, e.seq_nr), source, off))
+                    if stop_after is not None and len(out) >= stop_after:
+                        return out
+            machine.on_rows_done(now)
+            now += step
+    return out
+
+
+def fast(**kw: Any) -> QuerySettings:
+    base: dict[str, Any] = {
+        "buffer_size": 10,
+        "refresh_interval": 1.0,
+        "behind_current_time": 0.1,
+        "backtracking": BacktrackingSettings(window=60, behind_current_time=5),
+    }
+    base.update(kw)
+    return QuerySettings(**base)
+
+
+# -- generated histories -----------------------------------------------------
+
+@st.composite
+def histories(draw: st.DrawFn, max_late: float = 4.0) -> list[Ev]:
+    """Several pids, atomic batches sharing a timestamp, some committing late."""
+    n_pids = draw(st.integers(1, 8))
+    events: list[Ev] = []
+    seq = dict.fromkeys(range(n_pids), 0)
+    last_ts = dict.fromkeys(range(n_pids), 0.0)
+    t = 0.0
+    for _ in range(draw(st.integers(1, 60))):
+        t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.05, 0.5, 2.0, 15.0]))
+        p = draw(st.integers(0, n_pids - 1))
+        ts = max(t, last_ts[p] + 0.000001)
+        last_ts[p] = ts
+        late = draw(st.sampled_from([0.0, 0.0, 0.0, 0.01, 1.0, max_late]))
+        for _ in range(draw(st.integers(1, 4))):
+            seq[p] += 1
+            events.append(Ev(f"p{p}", seq[p], ts, ts + late))
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(histories(), st.sampled_from([0.0, 0.01, 0.3]))
+def test_live_query_delivers_every_event_despite_late_commits(
+    events: list[Ev], step: float
+) -> None:
+    machine = BySliceQuery(fast(), None, now=0.0)
+    end = max(e.commit for e in events) + 200
+    out = drive(machine, Model(events), start=0.0, until=end, step=step)
+    delivered = {o.ev for o in out}
+    assert delivered == {(e.pid, e.seq_nr) for e in events}
+    # Normal (non-backtracking) envelopes: never repeated, per pid in seq order,
+    # offsets never go backwards.
+    normal = [o for o in out if o.source == "query"]
+    assert len({o.ev for o in normal}) == len(normal)
+    last_seq: dict[str, int] = {}
+    last_ts = EPOCH
+    for o in normal:
+        pid, seq_nr = o.ev
+        assert seq_nr > last_seq.get(pid, 0)
+        last_seq[pid] = seq_nr
+        assert o.offset.timestamp >= last_ts
+        last_ts = o.offset.timestamp
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(max_late=0.0), st.integers(1, 80))
+def test_resume_from_any_offset_continues_right_after_it(events: list[Ev], cut: int) -> None:
+    model = Model(events)
+    end = max(e.commit for e in events) + 5
+    first = drive(
+        BySliceQuery(fast(backtracking=BacktrackingSettings(enabled=False)), now=0.0),
+        model,
+        start=end,
+        until=end + 100,
+        stop_after=cut,
+    )
+    resumed = drive(
+        BySliceQuery(
+            fast(backtracking=BacktrackingSettings(enabled=False)), first[-1].offset, now=0.0
+        ),
+        model,
+        start=end,
+        until=end + 100,
+    )
+    together = [o.ev for o in first] + [o.ev for o in resumed]
+    assert sorted(together) == sorted((e.pid, e.seq_nr) for e in events)
+    assert len(together) == len(set(together))
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories(max_late=0.0))
+def test_current_query_ends_and_has_no_duplicates(events: list[Ev]) -> None:
+    model = Model(events)
+    end_s = max(e.ts for e in events)
+    machine = BySliceQuery(fast(), live=False, end=at(end_s), now=0.0)
+    out = drive(machine, model, start=end_s + 1, until=end_s + 10_000)
+    assert machine.done
+    assert [o.ev for o in out] == [(e.pid, e.seq_nr) for e in model.events]
+
+
+def test_thousands_of_events_sharing_one_timestamp_do_not_stall() -> None:
+    events = [Ev(f"p{i}", s, 1.0, 1.0) for i in range(300) for s in (1, 2, 3)]
+    machine = BySliceQuery(fast(buffer_size=7), now=0.0)
+    out = drive(machine, Model(events), start=2.0, until=400.0)
+    assert {o.ev for o in out} == {(e.pid, e.seq_nr) for e in events}
+    assert len([o for o in out if o.source == "query"]) == len(events)
+
+
+def test_catch_up_scans_are_bounded_by_bucket_counts() -> None:
+    # 30 buckets of 10 s with 25 events each; buffer 10: every scan is bounded
+    # to about one bucket instead of "everything after the offset".
+    events = [
+        Ev(f"p{i}", b * 25 + i + 1, b * BUCKET_SECONDS + i * 0.1, 0.0)
+        for b in range(30)
+        for i in range(25)
+    ]
+    events = [Ev("p", i + 1, e.ts, 0.0) for i, e in enumerate(events)]
+    model = Model(events)
+    machine = BySliceQuery(fast(backtracking=BacktrackingSettings(enabled=False)), now=0.0)
+    now = 400.0
+    scanned: list[int] = []
+    while True:
+        req = machine.next_request(now)
+        if isinstance(req, BucketsQuery):
+            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+            continue
+        if isinstance(req, RowsQuery) and not req.backtracking:
+            rows = model.rows(attrs.evolve(req, limit=None), now)
+            if req.limit is None:
+                assert req.until_exclusive is not None
+            scanned.append(len(rows))
+            for e in rows[: req.limit] if req.limit else rows:
+                machine.on_row(row(e), at(now), now)
+            machine.on_rows_done(now)
+            if len(scanned) > 40 or machine.latest.timestamp == at(events[-1].ts):
+                break
+        else:
+            break
+    assert machine.latest.timestamp == at(events[-1].ts)
+    # Unbounded, the first scans would see all 750 rows; bounded, about one bucket.
+    assert max(scanned) <= 50
+    assert machine.bucket_queries >= 1
+
+
+def test_backtracking_starts_window_before_latest_and_never_passes_it() -> None:
+    events = [Ev("a", i + 1, 100.0 + i, 100.0 + i) for i in range(5)]
+    machine = BySliceQuery(fast(), now=0.0)
+    model = Model(events)
+    now = 200.0
+    seen_bt: list[RowsQuery] = []
+    for _ in range(50):
+        req = machine.next_request(now)
+        if isinstance(req, Wait):
+            now = req.until
+        elif isinstance(req, BucketsQuery):
+            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+        elif isinstance(req, RowsQuery):
+            if req.backtracking:
+                seen_bt.append(req)
+            for e in model.rows(req, now):
+                machine.on_row(row(e), at(now), now)
+            machine.on_rows_done(now)
+    assert seen_bt, "backtracking never ran"
+    first = seen_bt[0]
+    assert first.from_timestamp == at(104.0) - timedelta(seconds=60 + 5)
+    assert all(q.to_inclusive == at(104.0) for q in seen_bt)
+    assert all(q.with_payload is False for q in seen_bt)
+    assert all(q.behind_current_time == timedelta(seconds=5) for q in seen_bt)
+
+
+def test_poll_delay_adapts_to_how_full_the_last_result_was() -> None:
+    machine = BySliceQuery(fast(buffer_size=10), now=0.0)
+    machine.next_request(0.0)
+    machine.on_buckets([])
+    q = machine.next_request(0.0)
+    assert isinstance(q, RowsQuery) and q.limit == 10
+    for i in range(10):
+        machine.on_row(row(Ev("a", i + 1, float(i), 0)), at(0), 0.0)
+    machine.on_rows_done(0.0)
+    # full buffer: query again at once (after a bucket recount)
+    assert not isinstance(machine.next_request(0.0), Wait)
+
+
+def test_notification_shortens_the_wait_to_behind_current_time() -> None:
+    machine = BySliceQuery(fast(), now=0.0)
+    machine.next_request(0.0)
+    machine.on_buckets([])
+    machine.next_request(0.0)
+    machine.on_rows_done(0.0)
+    wait = machine.next_request(0.0)
+    assert isinstance(wait, Wait) and wait.until == pytest.approx(1.0)
+    machine.on_notification(0.2)
+    wait = machine.next_request(0.2)
+    assert isinstance(wait, Wait)
+    assert 0.2 + 0.1 <= wait.until < 0.35
+
+
+def test_heartbeat_when_idle() -> None:
+    machine = BySliceQuery(fast(heartbeat_interval=2.0), heartbeats=True, now=0.0)
+    out = drive(machine, Model([]), start=0.0, until=1.9)
+    assert out == []
+    assert isinstance(machine.next_request(2.5), HeartbeatDue)
+    hb = machine.on_heartbeat(at(2.5), 2.5)
+    assert hb.timestamp == at(2.5) - timedelta(seconds=0.1)
+    assert not isinstance(machine.next_request(2.6), HeartbeatDue)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"buffer_size": 0},
+        {"refresh_interval": -1},
+        {"behind_current_time": -0.1},
+        {"backtracking": {"window": 5, "behind_current_time": 10}},
+        {"backtracking": {"window": 0}},
+        {"behind_current_time": 200.0},
+    ],
+)
+def test_invalid_settings_are_rejected_when_built(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSettings):
+        if "backtracking" in kwargs:
+            QuerySettings(backtracking=BacktrackingSettings(**kwargs["backtracking"]))
+        else:
+            QuerySettings(**kwargs)
