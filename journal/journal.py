@@ -295,7 +295,7 @@ class Journal:
         return row_to_envelope(row, self.serializers, source="load")
 
     async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
-        """The db_timestamp of a stored event, or None."""
+        """The db_timestamp of a stored (not deleted) event, or None."""
         pid = validate_persistence_id(persistence_id)
         check_seq_range(seq_nr, None)
         async with self.read_pool.connection() as conn:

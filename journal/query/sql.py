@@ -118,15 +118,18 @@ def by_persistence_id(tables: Tables) -> sql.Composed:
 
 
 def one_event(tables: Tables) -> sql.Composed:
-    """A single event (deleted or not) by id and seq_nr."""
+    """A single stored, not deleted event by id and seq_nr."""
     return sql.SQL(
-        "SELECT {columns} FROM {journal} WHERE persistence_id = %s AND seq_nr = %s"
+        "SELECT {columns} FROM {journal} WHERE persistence_id = %s AND seq_nr = %s "
+        "AND NOT deleted"
     ).format(columns=envelope_columns(), journal=tables.journal)
 
 
 def timestamp_of(tables: Tables) -> sql.Composed:
+    """The db_timestamp of a stored, not deleted event."""
     return sql.SQL(
-        "SELECT db_timestamp FROM {journal} WHERE persistence_id = %s AND seq_nr = %s"
+        "SELECT db_timestamp FROM {journal} WHERE persistence_id = %s AND seq_nr = %s "
+        "AND NOT deleted"
     ).format(journal=tables.journal)
 
 

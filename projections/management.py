@@ -1,0 +1,175 @@
+"""Operating a projection from outside: pause/resume, set/clear offsets, status.
+
+State lives in PostgreSQL (`projection_management`, the offset store), so an
+operator's command reaches every running instance, in any process, within
+`management_poll_interval`, and survives restarts and rescaling. Pausing
+the whole projection uses the key "*", so it holds whatever the slice ranges
+are; a single range can be paused by its own key ("min-max").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+from psycopg import AsyncConnection, sql
+
+from journal import Journal, SliceRange, slice_ranges
+from journal.slices import validate_entity_type
+from projections.offset_dao import OffsetDao
+
+ALL_RANGES = "*"
+FULL_RANGE = SliceRange(0, 1023)
+
+
+def range_key(slices: SliceRange) -> str:
+    """The projection key of an instance: its slice range, as Pekko names it."""
+    return f"{slices.min_slice}-{slices.max_slice}"
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name) > 255 or "\x00" in name:
+        raise ValueError(f"projection name must be a non-empty str up to 255 chars, got {name!r}")
+    return name
+
+
+@attrs.frozen
+class RangeStatus:
+    """Where one slice range of a projection stands."""
+
+    slice_range: SliceRange
+    latest_offset: datetime | None
+    journal_head: datetime | None
+    paused: bool
+
+    @property
+    def lag(self) -> timedelta | None:
+        """How far the stored offset is behind the newest event of the range."""
+        if self.journal_head is None:
+            return timedelta(0)
+        if self.latest_offset is None:
+            return None
+        return max(self.journal_head - self.latest_offset, timedelta(0))
+
+
+@attrs.frozen
+class DeadLetter:
+    """An envelope a projection skipped after its retries ran out."""
+
+    persistence_id: str
+    seq_nr: int
+    slice: int
+    db_timestamp: datetime
+    error: str
+    failed_at: datetime
+
+
+class ManagementSql:
+    """The statements on projection_management and the dead-letter table."""
+
+    def __init__(self, journal: Journal) -> None:
+        t = journal.tables
+        self.upsert = sql.SQL(
+            "INSERT INTO {m} (projection_name, projection_key, paused, last_updated) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name, projection_key) "
+            "DO UPDATE SET paused = excluded.paused, last_updated = excluded.last_updated"
+        ).format(m=t.management)
+        self.paused = sql.SQL(
+            "SELECT coalesce(bool_or(paused), false) FROM {m} "
+            "WHERE projection_name = %s AND projection_key IN (%s, %s)"
+        ).format(m=t.management)
+        self.dead_letter = sql.SQL(
+            "INSERT INTO {d} (projection_name, projection_key, slice, persistence_id, seq_nr, "
+            "db_timestamp, error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(d=t.dead_letter)
+        self.dead_letters = sql.SQL(
+            "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at FROM {d} "
+            "WHERE projection_name = %s ORDER BY failed_at, persistence_id, seq_nr"
+        ).format(d=t.dead_letter)
+        self.latest_offset = sql.SQL(
+            "SELECT max(timestamp_offset) FROM {o} WHERE projection_name = %s "
+            "AND slice BETWEEN %s AND %s"
+        ).format(o=t.offset_store)
+        self.head = sql.SQL(
+            "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
+            "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
+            "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
+        ).format(j=t.journal)
+
+
+class ProjectionManagement:
+    """Pause, resume, set or clear offsets, read status — by projection name."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._sql = ManagementSql(journal)
+
+    async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
+        key = ALL_RANGES if slices is None else range_key(slices)
+        async with self._journal.pool.connection() as conn:
+            await conn.execute(
+                self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
+            )
+
+    async def pause(self, name: str, slice_range: SliceRange | None = None) -> None:
+        """Pause every instance of the projection (or only the one for `slice_range`)."""
+        await self._set_paused(name, slice_range, True)
+
+    async def resume(self, name: str, slice_range: SliceRange | None = None) -> None:
+        """Undo `pause` (for the same scope)."""
+        await self._set_paused(name, slice_range, False)
+
+    async def is_paused(self, name: str, slice_range: SliceRange) -> bool:
+        """True if the projection as a whole or this range is paused."""
+        async with self._journal.pool.connection() as conn:
+            return await is_paused(conn, self._sql, name, range_key(slice_range))
+
+    async def set_offset(self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE) -> None:
+        """Make the projection resume at `timestamp` for these slices, skipping older events.
+
+        Takes effect when instances (re)start; pause or stop them first.
+        """
+        async with self._journal.pool.connection() as conn, conn.transaction():
+            await OffsetDao(self._journal.tables, validate_name(name)).set_start(
+                conn, range_key(slices), slices, timestamp
+            )
+
+    async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
+        """Forget the projection's offsets: it restarts from the beginning of the journal."""
+        async with self._journal.pool.connection() as conn:
+            await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
+
+    async def status(
+        self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
+    ) -> list[RangeStatus]:
+        """Latest stored offset, journal head and paused state per slice range."""
+        validate_name(name)
+        validate_entity_type(entity_type)
+        rs = slice_ranges(ranges) if isinstance(ranges, int) else list(ranges)
+        out = []
+        async with self._journal.pool.connection() as conn:
+            for r in rs:
+                cur = await conn.execute(self._sql.latest_offset, (name, r.min_slice, r.max_slice))
+                latest = (await cur.fetchone() or (None,))[0]
+                cur = await conn.execute(
+                    self._sql.head, {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type}
+                )
+                head = (await cur.fetchone() or (None,))[0]
+                paused = await is_paused(conn, self._sql, name, range_key(r))
+                out.append(RangeStatus(r, latest, head, paused))
+        return out
+
+    async def dead_letters(self, name: str) -> list[DeadLetter]:
+        """Envelopes the projection skipped, with their errors."""
+        async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.dead_letters, (validate_name(name),))
+            return [DeadLetter(*row) for row in await cur.fetchall()]
+
+
+async def is_paused(conn: AsyncConnection[Any], statements: ManagementSql, name: str, key: str) -> bool:
+    cur = await conn.execute(statements.paused, (name, ALL_RANGES, key))
+    row = await cur.fetchone()
+    return bool(row and row[0])

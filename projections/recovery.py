@@ -1,0 +1,60 @@
+"""What a projection does when its handler fails: fail, retry, or retry then skip.
+
+A skipped envelope is written to the dead-letter table with the error text in
+the same transaction that stores its offset — never silently dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import timedelta
+
+import attrs
+
+from journal.errors import InvalidSettings
+from journal.settings import duration_field
+
+
+class OnFailure(enum.Enum):
+    FAIL = "fail"
+    RETRY_AND_FAIL = "retry_and_fail"
+    RETRY_AND_SKIP = "retry_and_skip"
+
+
+def _non_negative_int(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidSettings(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+@attrs.frozen
+class RecoveryStrategy:
+    """Retries (with exponential backoff) and what happens when they run out."""
+
+    on_failure: OnFailure = OnFailure.FAIL
+    retries: int = attrs.field(default=0, validator=_non_negative_int)
+    backoff: timedelta = duration_field(timedelta(milliseconds=100))
+    max_backoff: timedelta = duration_field(timedelta(seconds=5))
+
+    @classmethod
+    def fail(cls) -> RecoveryStrategy:
+        """Stop the projection on the first error."""
+        return cls(OnFailure.FAIL)
+
+    @classmethod
+    def retry_and_fail(cls, retries: int, backoff: float | timedelta = 0.1) -> RecoveryStrategy:
+        """Retry `retries` times with exponential backoff, then stop the projection."""
+        return cls(OnFailure.RETRY_AND_FAIL, retries, backoff)  # type: ignore[arg-type]
+
+    @classmethod
+    def retry_and_skip(cls, retries: int, backoff: float | timedelta = 0.1) -> RecoveryStrategy:
+        """Retry, then write the envelope(s) to the dead-letter table and go on."""
+        return cls(OnFailure.RETRY_AND_SKIP, retries, backoff)  # type: ignore[arg-type]
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number `attempt` (1-based)."""
+        seconds = self.backoff.total_seconds() * (2 ** (attempt - 1))
+        return float(min(seconds, self.max_backoff.total_seconds()))
+
+    @property
+    def attempts(self) -> int:
+        return 1 if self.on_failure is OnFailure.FAIL else 1 + self.retries

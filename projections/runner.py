@@ -1,0 +1,484 @@
+"""Projection runners: a slice range of the journal turned into a read model.
+
+One `Projection` owns one slice range. It loads that range's offsets, resumes
+the slice query from the earliest of its slices' latest offsets, and for each
+envelope asks the offset store whether to handle it (see `offset_store.py`).
+Accepted envelopes go to the handler in one of three delivery modes:
+
+* exactly-once — the handler gets the connection of the transaction that also
+  stores the offset: both commit or neither does;
+* grouped — the same, a batch per transaction;
+* at-least-once — the handler runs on its own; offsets are saved every N
+  envelopes or T ms, so a crash may repeat events but never loses one.
+
+A pump task moves envelopes from the stream into a bounded queue so the
+consumer can flush batches on time even when the stream is quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+from psycopg import AsyncConnection
+
+from journal import EventEnvelope, Journal, QuerySettings, SliceRange
+from journal.errors import JournalError
+from journal.slices import validate_entity_type
+from projections.management import ManagementSql, is_paused, range_key, validate_name
+from projections.offset_dao import OffsetDao
+from projections.offset_store import (
+    PROGRESS_PID,
+    PROGRESS_SEQ_NR,
+    OffsetState,
+    Record,
+    Verdict,
+)
+from projections.recovery import OnFailure, RecoveryStrategy
+from projections.settings import ProjectionSettings
+
+_log = logging.getLogger(__name__)
+
+Handler = Callable[[AsyncConnection[Any], EventEnvelope], Awaitable[None]]
+GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable[None]]
+AtLeastOnceHandler = Callable[[EventEnvelope], Awaitable[None]]
+
+
+class Mode(enum.Enum):
+    EXACTLY_ONCE = "exactly_once"
+    GROUPED = "grouped"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class ProjectionError(JournalError):
+    """A projection stopped because its handler kept failing (or the stream failed)."""
+
+
+@attrs.define
+class ProjectionStats:
+    """Counters of one projection instance since it started."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    gaps_filled: int = 0
+    skipped: int = 0
+    retries: int = 0
+    transactions: int = 0
+    cleaned_up: int = 0
+    heartbeats: int = 0
+    latest_timestamp: datetime | None = None
+
+
+def _record(env: EventEnvelope) -> Record:
+    return Record(env.slice, env.persistence_id, env.seq_nr, env.db_timestamp)
+
+
+class Projection:
+    """One running instance of a projection over one slice range."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        mode: Mode,
+        handler: Callable[..., Awaitable[None]],
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+    ) -> None:
+        if not isinstance(slice_range, SliceRange):
+            raise TypeError(f"slice_range must be a SliceRange, got {type(slice_range).__name__}")
+        if not callable(handler):
+            raise TypeError("handler must be an async callable")
+        self.journal = journal
+        self.name = validate_name(name)
+        self.entity_type = entity_type
+        self.slice_range = slice_range
+        self.key = range_key(slice_range)
+        self.mode = mode
+        self.settings = settings or ProjectionSettings()
+        self.recovery = recovery or RecoveryStrategy.fail()
+        self.query_settings = query_settings
+        self.stats = ProjectionStats()
+        self._handler = handler
+        self._dao = OffsetDao(journal.tables, self.name)
+        self._management = ManagementSql(journal)
+        self._state: OffsetState | None = None
+        self._stop = asyncio.Event()
+        self._running = False
+        self._batch: list[EventEnvelope] = []
+        self._unsaved: list[Record] = []
+        self._batch_started = 0.0
+        self._progress: datetime | None = None
+        self._progress_saved_at = 0.0
+        validate_entity_type(entity_type)  # now, not later in the pump task
+
+    # -- construction --------------------------------------------------------------
+
+    @classmethod
+    def exactly_once(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: Handler,
+        **options: Any,
+    ) -> Projection:
+        """`handler(conn, envelope)` runs in the transaction that stores the offset."""
+        return cls(
+            journal,
+            name=name,
+            entity_type=entity_type,
+            slice_range=slice_range,
+            mode=Mode.EXACTLY_ONCE,
+            handler=handler,
+            **options,
+        )
+
+    @classmethod
+    def grouped(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: GroupedHandler,
+        **options: Any,
+    ) -> Projection:
+        """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets."""
+        return cls(
+            journal,
+            name=name,
+            entity_type=entity_type,
+            slice_range=slice_range,
+            mode=Mode.GROUPED,
+            handler=handler,
+            **options,
+        )
+
+    @classmethod
+    def at_least_once(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: AtLeastOnceHandler,
+        **options: Any,
+    ) -> Projection:
+        """`handler(envelope)` outside any offset transaction; offsets saved periodically."""
+        return cls(
+            journal,
+            name=name,
+            entity_type=entity_type,
+            slice_range=slice_range,
+            mode=Mode.AT_LEAST_ONCE,
+            handler=handler,
+            **options,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Ask `run` to finish the in-flight batch, save offsets and return."""
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def run(self) -> None:
+        """Project until `stop()`; raises `ProjectionError` if the handler keeps failing."""
+        if self._running:
+            raise RuntimeError(f"projection {self.name} {self.key} is already running")
+        self._running = True
+        self._stop.clear()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self.journal.pool.connection() as conn:
+                records = await self._dao.load(conn, self.slice_range)
+            self._state = OffsetState(self.settings.time_window, records)
+            start = self._state.start_offset(self.slice_range)
+            queue: asyncio.Queue[EventEnvelope] = asyncio.Queue(self.settings.buffer)
+            pump = loop.create_task(self._pump(queue, start), name=f"pump {self.key}")
+            try:
+                await self._consume(queue, pump)
+            finally:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+        finally:
+            self._running = False
+
+    async def _pump(self, queue: asyncio.Queue[EventEnvelope], start: Any) -> None:
+        stream = self.journal.events_by_slices(
+            self.entity_type,
+            self.slice_range.min_slice,
+            self.slice_range.max_slice,
+            start,
+            heartbeats=True,
+            settings=self.query_settings,
+        )
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for env in stream:
+                await queue.put(env)
+
+    async def _consume(self, queue: asyncio.Queue[EventEnvelope], pump: asyncio.Task[None]) -> None:
+        loop = asyncio.get_running_loop()
+        next_poll = loop.time()
+        next_cleanup = loop.time() + self.settings.cleanup_interval.total_seconds()
+        stop_wait = loop.create_task(self._stop.wait())
+        try:
+            while not self._stop.is_set():
+                now = loop.time()
+                if now >= next_poll:
+                    next_poll = now + self.settings.management_poll_interval.total_seconds()
+                    if await self._paused():
+                        await self._flush()
+                        await asyncio.wait(
+                            [stop_wait],
+                            timeout=self.settings.management_poll_interval.total_seconds(),
+                        )
+                        continue
+                if now >= next_cleanup:
+                    next_cleanup = now + self.settings.cleanup_interval.total_seconds()
+                    await self._cleanup()
+                timeout = max(0.0, min(next_poll, self._flush_due()) - loop.time())
+                get = loop.create_task(queue.get())
+                done, _ = await asyncio.wait(
+                    [get, stop_wait, pump], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if get in done:
+                    await self._handle(get.result())
+                else:
+                    get.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await get
+                if pump in done:
+                    exc = pump.exception()
+                    raise ProjectionError(
+                        f"slice stream of {self.name} {self.key} failed: {exc}"
+                    ) from exc
+                if loop.time() >= self._flush_due():
+                    await self._flush()
+            await self._flush()
+        finally:
+            stop_wait.cancel()
+
+    # -- per envelope -----------------------------------------------------------------------
+
+    async def _handle(self, env: EventEnvelope) -> None:
+        if env.is_heartbeat:
+            self.stats.heartbeats += 1
+            if not self._batch and not self._unsaved and env.offset is not None:
+                self._progress = env.offset.timestamp
+                await self._save_progress_if_due()
+            return
+        await self._validate_and_process(env)
+        if env.source == "query" and env.offset is not None:
+            self._progress = env.offset.timestamp
+            self.stats.latest_timestamp = env.offset.timestamp
+
+    async def _validate_and_process(self, env: EventEnvelope) -> None:
+        state = self._state
+        assert state is not None
+        v = state.validate(env.persistence_id, env.seq_nr, env.slice, env.db_timestamp)
+        if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
+            previous = await self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
+            v = state.validate(
+                env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, previous
+            )
+        if v.verdict is Verdict.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        if v.verdict is Verdict.GAP:
+            # An earlier event of this pid has not come yet (it committed late,
+            # or the range started after it): fetch and apply the missing ones.
+            async for missing in self.journal.current_events_by_persistence_id(
+                env.persistence_id, v.missing_from, v.missing_to
+            ):
+                self.stats.gaps_filled += 1
+                await self._validate_and_process(missing)
+            v = state.validate(
+                env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, None
+            )
+            if not v.accepted:
+                self.stats.duplicates += 1
+                return
+        if not env.event_loaded:
+            loaded = await self.journal.load_envelope(env.persistence_id, env.seq_nr)
+            if loaded is None:  # deleted since: nothing to apply
+                self.stats.duplicates += 1
+                return
+            env = attrs.evolve(loaded, offset=env.offset, source=env.source)
+        state.accept(env.persistence_id, env.seq_nr)
+        self.stats.accepted += 1
+        await self._process(env)
+
+    async def _process(self, env: EventEnvelope) -> None:
+        loop = asyncio.get_running_loop()
+        if self.mode is Mode.EXACTLY_ONCE:
+            await self._commit([env])
+            return
+        if not self._batch and not self._unsaved:
+            self._batch_started = loop.time()
+        if self.mode is Mode.GROUPED:
+            self._batch.append(env)
+            if len(self._batch) >= self.settings.group_after_envelopes:
+                await self._flush()
+            return
+        await self._run_with_recovery([env], self._call_at_least_once)
+        self._unsaved.append(_record(env))
+        if len(self._unsaved) >= self.settings.save_offset_after_envelopes:
+            await self._flush()
+
+    def _flush_due(self) -> float:
+        if self.mode is Mode.GROUPED and self._batch:
+            return self._batch_started + self.settings.group_after_duration.total_seconds()
+        if self.mode is Mode.AT_LEAST_ONCE and self._unsaved:
+            return self._batch_started + self.settings.save_offset_after_duration.total_seconds()
+        return float("inf")
+
+    async def _flush(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            await self._commit(batch)
+        if self._unsaved:
+            records, self._unsaved = self._unsaved, []
+            await self._save(records)
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    async def _commit(self, envelopes: list[EventEnvelope]) -> None:
+        """Exactly-once: handler and offsets in one transaction, with recovery."""
+        await self._run_with_recovery(envelopes, self._call_in_transaction)
+
+    async def _call_in_transaction(self, envelopes: list[EventEnvelope]) -> None:
+        records = [_record(e) for e in envelopes] + self._progress_markers()
+        async with self.journal.pool.connection() as conn, conn.transaction():
+            if self.mode is Mode.GROUPED:
+                await self._handler(conn, envelopes)
+            else:
+                for env in envelopes:
+                    await self._handler(conn, env)
+            await self._dao.save(conn, self.key, records)
+        self._saved(records)
+
+    async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
+        for env in envelopes:
+            await self._handler(env)
+
+    async def _save(self, records: list[Record]) -> None:
+        records = records + self._progress_markers()
+        async with self.journal.pool.connection() as conn, conn.transaction():
+            await self._dao.save(conn, self.key, records)
+        self._saved(records)
+
+    def _saved(self, records: Sequence[Record]) -> None:
+        assert self._state is not None
+        self._state.saved(records)
+        self.stats.transactions += 1
+        if any(r.is_marker for r in records):
+            self._progress_saved_at = asyncio.get_running_loop().time()
+
+    async def _run_with_recovery(
+        self,
+        envelopes: list[EventEnvelope],
+        call: Callable[[list[EventEnvelope]], Awaitable[None]],
+    ) -> None:
+        strategy = self.recovery
+        for attempt in range(1, strategy.attempts + 1):
+            try:
+                await call(envelopes)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if attempt < strategy.attempts:
+                    self.stats.retries += 1
+                    _log.warning(
+                        "projection %s %s: handler failed (attempt %d of %d): %s",
+                        self.name, self.key, attempt, strategy.attempts, error,
+                    )
+                    await asyncio.sleep(strategy.delay(attempt))
+                    continue
+                if strategy.on_failure is OnFailure.RETRY_AND_SKIP:
+                    await self._dead_letter(envelopes, error)
+                    return
+                assert self._state is not None
+                self._state.discard_inflight()
+                first = envelopes[0]
+                raise ProjectionError(
+                    f"projection {self.name} {self.key} failed on {first.persistence_id!r} "
+                    f"seq_nr {first.seq_nr} after {attempt} attempt(s): {error!r}"
+                ) from error
+
+    async def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
+        records = [_record(e) for e in envelopes]
+        text = f"{type(error).__name__}: {error}"
+        async with self.journal.pool.connection() as conn, conn.transaction():
+            for env in envelopes:
+                await conn.execute(
+                    self._management.dead_letter,
+                    (self.name, self.key, env.slice, env.persistence_id, env.seq_nr,
+                     env.db_timestamp, text),
+                )
+            if self.mode is not Mode.AT_LEAST_ONCE:
+                await self._dao.save(conn, self.key, records)
+        if self.mode is not Mode.AT_LEAST_ONCE:
+            self._saved(records)
+        self.stats.skipped += len(envelopes)
+        _log.error(
+            "projection %s %s skipped %d envelope(s) after retries: %s",
+            self.name, self.key, len(envelopes), text,
+        )
+
+    # -- progress, pause, cleanup -------------------------------------------------------------
+
+    def _progress_markers(self) -> list[Record]:
+        """Markers for slices whose latest row lags the stream, at most every progress_interval."""
+        progress = self._progress
+        loop = asyncio.get_running_loop()
+        if progress is None:
+            return []
+        if loop.time() - self._progress_saved_at < self.settings.progress_interval.total_seconds():
+            return []
+        lag = self.settings.progress_interval
+        assert self._state is not None
+        out = []
+        for s in self.slice_range:
+            latest = self._state.latest_of_slice(s)
+            if latest is None or latest.timestamp < progress - lag:
+                out.append(Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, progress))
+        return out
+
+    async def _save_progress_if_due(self) -> None:
+        markers = self._progress_markers()
+        if markers:
+            async with self.journal.pool.connection() as conn, conn.transaction():
+                await self._dao.save(conn, self.key, markers)
+            self._saved(markers)
+
+    async def _paused(self) -> bool:
+        async with self.journal.pool.connection() as conn:
+            return await is_paused(conn, self._management, self.name, self.key)
+
+    async def _cleanup(self) -> None:
+        async with self.journal.pool.connection() as conn:
+            deleted = await self._dao.cleanup(conn, self.slice_range, self.settings.time_window)
+        assert self._state is not None
+        self._state.evict()
+        self.stats.cleaned_up += deleted

@@ -1,0 +1,320 @@
+"""Projections end to end on a real PostgreSQL: exactly-once, grouped, at-least-once,
+rescaling under load, crashes, recovery and management."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from journal import BacktrackingSettings, Journal, JournalSettings, SliceRange, slice_ranges
+from projections import (
+    Projection,
+    ProjectionError,
+    ProjectionGroup,
+    ProjectionManagement,
+    ProjectionSettings,
+    RecoveryStrategy,
+)
+from tests import bank
+from tests.conftest import fast_query_settings
+
+FAST = ProjectionSettings(
+    management_poll_interval=0.2,
+    cleanup_interval=1.0,
+    group_after_duration=0.1,
+    save_offset_after_duration=0.1,
+    progress_interval=0.5,
+)
+
+
+def journal_settings(schema: str) -> JournalSettings:
+    return JournalSettings(
+        schema=schema,
+        pool_max_size=30,
+        query=fast_query_settings(
+            buffer_size=100, backtracking=BacktrackingSettings(window=20, behind_current_time=6)
+        ),
+    )
+
+
+@pytest.fixture
+async def bank_journal(pg_dsn: str, schema: str) -> AsyncIterator[Journal]:
+    async with Journal.connect(pg_dsn, journal_settings(schema), create_schema=True) as j:
+        await bank.create_read_model(j)
+        yield j
+
+
+async def assert_exact(j: Journal) -> None:
+    await bank.wait_until_projected(j)
+    balances, applied, distinct = await bank.projected(j)
+    assert applied == distinct == await bank.journal_count(j)
+    assert balances == await bank.expected_balances(j)
+
+
+def exactly_once_group(j: Journal, n: int, **options: Any) -> ProjectionGroup:
+    handler = bank.make_handler(j)
+    return ProjectionGroup(
+        lambda r: Projection.exactly_once(
+            j,
+            name="balances",
+            entity_type=bank.ENTITY,
+            slice_range=r,
+            handler=handler,
+            settings=FAST,
+            **options,
+        ),
+        n,
+    )
+
+
+@pytest.mark.slow
+async def test_exactly_once_under_late_commits(bank_journal: Journal) -> None:
+    j = bank_journal
+    writers = bank.Writers(j, 500, late_fraction=0.1)
+    writers.start(writers=6, max_batches=60)
+    group = exactly_once_group(j, 4)
+    await group.start()
+    await writers.wait()
+    await assert_exact(j)
+    assert group.failed() is None
+    await group.stop()
+    stats = group.stats()
+    assert sum(s.accepted for s in stats) == await bank.journal_count(j)
+    assert writers.late > 5
+
+
+@pytest.mark.slow
+async def test_grouped_projection_is_exact(bank_journal: Journal) -> None:
+    j = bank_journal
+    writers = bank.Writers(j, 200, late_fraction=0.05, seed=2)
+    writers.start(writers=4, max_batches=60)
+    handler = bank.make_grouped_handler(j)
+    group = ProjectionGroup(
+        lambda r: Projection.grouped(
+            j, name="balances", entity_type=bank.ENTITY, slice_range=r, handler=handler,
+            settings=FAST,
+        ),
+        2,
+    )
+    async with group:
+        await writers.wait()
+        await assert_exact(j)
+    assert sum(s.transactions for s in group.stats()) < await bank.journal_count(j)
+
+
+@pytest.mark.slow
+async def test_rescale_under_load_with_a_lagging_range(bank_journal: Journal) -> None:
+    j = bank_journal
+    mgmt = ProjectionManagement(j)
+    writers = bank.Writers(j, 500, late_fraction=0.05, seed=3)
+    writers.start(writers=4)
+    group = exactly_once_group(j, 4)
+    await group.start()
+    try:
+        for n in (8, 2, 1, 4):
+            # Let one range fall behind before every change.
+            lagging = slice_ranges(group.instances)[0]
+            await mgmt.pause("balances", lagging)
+            await asyncio.sleep(1.5)
+            await group.rescale(n)
+            await mgmt.resume("balances", lagging)
+            await asyncio.sleep(1.5)
+            assert group.failed() is None
+    finally:
+        await writers.stop()
+    await assert_exact(j)
+    await group.stop()
+    assert sum(s.duplicates for s in group.stats()) > 0
+
+
+async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal) -> None:
+    j = bank_journal
+    writers = bank.Writers(j, 50, late_fraction=0.0, seed=4)
+    writers.start(writers=2, max_batches=50)
+    await writers.wait()
+    inner = bank.make_handler(j)
+    calls = 0
+
+    async def flaky(conn: Any, env: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await inner(conn, env)  # written, then rolled back by the failure
+        if calls % 7 == 0:
+            raise RuntimeError("flaky handler")
+
+    p = Projection.exactly_once(
+        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=flaky, settings=FAST, recovery=RecoveryStrategy.retry_and_fail(3, 0.01),
+    )
+    task = asyncio.create_task(p.run())
+    await assert_exact(j)
+    await p.stop()
+    await task
+    assert p.stats.retries > 0
+
+
+async def test_failing_handler_fails_the_projection(bank_journal: Journal) -> None:
+    j = bank_journal
+    await j.append(bank.account(1), [{"amount": 1}], expected_seq_nr=0)
+
+    async def broken(conn: Any, env: Any) -> None:
+        raise ValueError("cannot handle")
+
+    p = Projection.exactly_once(
+        j, name="b", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=broken, settings=FAST, recovery=RecoveryStrategy.retry_and_fail(2, 0.01),
+    )
+    with pytest.raises(ProjectionError, match="cannot handle"):
+        await asyncio.wait_for(p.run(), 30)
+    assert p.stats.retries == 2
+
+
+async def test_retry_then_skip_writes_a_dead_letter(bank_journal: Journal) -> None:
+    j = bank_journal
+    bad = bank.account(9)
+    await j.append(bad, [{"amount": 1}, {"amount": 2}], expected_seq_nr=0)
+    await j.append(bank.account(10), [{"amount": 5}], expected_seq_nr=0)
+    inner = bank.make_handler(j)
+
+    async def picky(conn: Any, env: Any) -> None:
+        if env.persistence_id == bad and env.seq_nr == 2:
+            raise ValueError("poison event")
+        await inner(conn, env)
+
+    p = Projection.exactly_once(
+        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=picky, settings=FAST, recovery=RecoveryStrategy.retry_and_skip(1, 0.01),
+    )
+    task = asyncio.create_task(p.run())
+    for _ in range(200):
+        _, applied, _ = await bank.projected(j)
+        if applied == 2 and p.stats.skipped == 1:
+            break
+        await asyncio.sleep(0.05)
+    await p.stop()
+    await task
+    letters = await ProjectionManagement(j).dead_letters("balances")
+    assert [(d.persistence_id, d.seq_nr) for d in letters] == [(bad, 2)]
+    assert "poison event" in letters[0].error
+    balances, applied, _ = await bank.projected(j)
+    assert balances == {bad: 1, bank.account(10): 5}
+
+
+async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
+    j = bank_journal
+    writers = bank.Writers(j, 100, late_fraction=0.0, seed=5)
+    writers.start(writers=2, max_batches=40)
+    await writers.wait()
+    seen: list[tuple[str, int]] = []
+
+    async def handler(env: Any) -> None:
+        seen.append((env.persistence_id, env.seq_nr))
+
+    p = Projection.at_least_once(
+        j, name="alo", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=handler, settings=FAST,
+    )
+    task = asyncio.create_task(p.run())
+    total = await bank.journal_count(j)
+    for _ in range(300):
+        if len(set(seen)) >= total:
+            break
+        await asyncio.sleep(0.05)
+    # Crash without saving: cancel the task instead of stop().
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    first_run = set(seen)
+    assert len(first_run) == total
+    seen.clear()
+    await j.append(bank.account(100_000), [{"amount": 1}], expected_seq_nr=0)
+    p2 = Projection.at_least_once(
+        j, name="alo", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=handler, settings=FAST,
+    )
+    task = asyncio.create_task(p2.run())
+    for _ in range(300):
+        if (bank.account(100_000), 1) in seen:
+            break
+        await asyncio.sleep(0.05)
+    await p2.stop()
+    await task
+    assert (bank.account(100_000), 1) in seen
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "projection_worker.py")
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_batch_then_restart_is_exact(bank_journal: Journal, pg_dsn: str) -> None:
+    j = bank_journal
+    writers = bank.Writers(j, 300, late_fraction=0.0, seed=6)
+    writers.start(writers=4, max_batches=80)
+    await writers.wait()
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(WORKER))}
+    args = [sys.executable, WORKER, pg_dsn, j.settings.schema]
+    for _ in range(3):
+        proc = subprocess.Popen(args, env=env)
+        # Kill it once it has applied something but before it is done.
+        for _ in range(400):
+            _, applied, _ = await bank.projected(j)
+            if applied > 0 and applied % 50 != 0:
+                break
+            await asyncio.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc = subprocess.Popen(args, env=env)
+    try:
+        await assert_exact(j)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journal) -> None:
+    j = bank_journal
+    settings = ProjectionSettings(
+        time_window=1.0, cleanup_interval=0.3, management_poll_interval=0.2, progress_interval=0.5
+    )
+    p = Projection.exactly_once(
+        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=bank.make_handler(j), settings=settings,
+    )
+    task = asyncio.create_task(p.run())
+    writers = bank.Writers(j, 50, late_fraction=0.0, seed=7)
+    writers.start(writers=2)
+    sizes = []
+    try:
+        for _ in range(8):
+            await asyncio.sleep(0.5)
+            async with await psycopg.AsyncConnection.connect(j.dsn) as conn:
+                cur = await conn.execute(
+                    sql.SQL(
+                        "SELECT count(*) FILTER (WHERE persistence_id <> ''), "
+                        "count(*) FILTER (WHERE persistence_id = '') FROM {}"
+                    ).format(j.tables.offset_store)
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                sizes.append(int(row[0]))
+                assert row[1] <= 1024  # at most one progress marker per slice
+    finally:
+        await writers.stop()
+    await assert_exact(j)
+    await p.stop()
+    await task
+    assert p.stats.cleaned_up > 0
+    written = await bank.journal_count(j)
+    # Bounded: the event rows plateau at about a window's worth (plus each slice's latest)
+    # while the journal keeps growing.
+    print(f"\noffset rows over time: {sizes}; events written: {written}")
+    assert max(sizes[-3:]) < written / 2
