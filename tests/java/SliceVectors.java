@@ -258,6 +258,10 @@ public final class SliceVectors {
         {0x10000, 0x10FFFF}, // all supplementary planes
     };
 
+    /**
+     * A random string of minLength..maxLength UTF-16 code units (one more if it ends with a
+     * surrogate pair), over one or two random ranges or a mix of all of them.
+     */
     private static String randomString(Random r, int minLength, int maxLength) {
         int length = minLength + r.nextInt(maxLength - minLength + 1);
         // Most strings stick to one or two ranges, some mix all of them.
@@ -271,9 +275,6 @@ public final class SliceVectors {
             int cp = range[0] + r.nextInt(range[1] - range[0] + 1);
             if (cp <= 0xFFFF && Character.isSurrogate((char) cp)) {
                 continue; // never produce a lone surrogate
-            }
-            if (Character.charCount(cp) == 2 && sb.length() + 2 > length) {
-                continue; // keep the exact UTF-16 length
             }
             sb.appendCodePoint(cp);
         }
