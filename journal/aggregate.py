@@ -55,9 +55,13 @@ class AggregateRepository(Generic[S, E]):
         snapshot_every: int | None = 100,
     ) -> None:
         if snapshot_every is not None and (
-            isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1
+            isinstance(snapshot_every, bool)
+            or not isinstance(snapshot_every, int)
+            or snapshot_every < 1
         ):
-            raise InvalidArgument(f"snapshot_every must be an int >= 1 or None, got {snapshot_every!r}")
+            raise InvalidArgument(
+                f"snapshot_every must be an int >= 1 or None, got {snapshot_every!r}"
+            )
         self._journal = journal
         self._initial = initial
         self._evolve = evolve

@@ -70,7 +70,9 @@ def decide(rng: random.Random) -> Any:
 
 async def _reset(dsn: str, schema: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
 
 
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
@@ -110,16 +112,22 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
         replayed: dict[str, int] = {}
         events = 0
         for r in slice_ranges(4):
-            async for env in journal.current_events_by_slices(ENTITY_TYPE, r.min_slice, r.max_slice):
+            async for env in journal.current_events_by_slices(
+                ENTITY_TYPE, r.min_slice, r.max_slice
+            ):
                 balance = replayed.get(env.persistence_id, 0)
                 replayed[env.persistence_id] = evolve(Account(balance), env.event).balance
                 events += 1
         replay_s = time.perf_counter() - started
         mismatches = sum(1 for pid, bal in expected.items() if replayed.get(pid) != bal)
-        print(f"wrote    {written} events for {len(expected)} accounts with {args.writers} "
-              f"concurrent writers in {write_s:.2f}s ({written / write_s:.0f} events/s), "
-              f"{repo.snapshots_saved} snapshots")
-        print(f"replayed {events} events over 4 slice ranges in {replay_s:.2f}s "
-              f"({events / max(replay_s, 1e-9):.0f} events/s)")
+        print(
+            f"wrote    {written} events for {len(expected)} accounts with {args.writers} "
+            f"concurrent writers in {write_s:.2f}s ({written / write_s:.0f} events/s), "
+            f"{repo.snapshots_saved} snapshots"
+        )
+        print(
+            f"replayed {events} events over 4 slice ranges in {replay_s:.2f}s "
+            f"({events / max(replay_s, 1e-9):.0f} events/s)"
+        )
         print(f"verify   events written={written} replayed={events} mismatches={mismatches}")
         return 0 if mismatches == 0 and events == written else 1

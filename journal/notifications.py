@@ -64,9 +64,7 @@ async def send_notification(
     conn: AsyncConnection[Any], channel: str, entity_type: str, mask: int
 ) -> None:
     """Issue one `pg_notify` (inside whatever transaction `conn` is in)."""
-    await conn.execute(
-        "SELECT pg_notify(%s, %s)", (channel, encode_payload(entity_type, mask))
-    )
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel, encode_payload(entity_type, mask)))
 
 
 Connect = Callable[[], Awaitable[AsyncConnection[Any]]]
@@ -80,6 +78,8 @@ class Notifier:
         self._connect = connect
         self._pending: dict[str, int] = {}
         self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._conn: AsyncConnection[Any] | None = None
         self._closed = False
@@ -92,6 +92,7 @@ class Notifier:
             1 << (slice_ // SLICES_PER_BUCKET)
         )
         self._wakeup.set()
+        self._idle.clear()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="notifier")
 
@@ -100,13 +101,14 @@ class Notifier:
             await self._wakeup.wait()
             self._wakeup.clear()
             pending, self._pending = self._pending, {}
-            if not pending:
-                continue
-            try:
-                await self._send(pending)
-            except Exception as e:  # a hint is lost; pollers still find the events
-                _log.debug("dropping notification after error: %s", e)
-                await self._reset()
+            if pending:
+                try:
+                    await self._send(pending)
+                except Exception as e:  # a hint is lost; pollers still find the events
+                    _log.debug("dropping notification after error: %s", e)
+                    await self._reset()
+            if not self._pending:
+                self._idle.set()
 
     async def _send(self, pending: dict[str, int]) -> None:
         if self._conn is None or self._conn.closed:
@@ -122,8 +124,8 @@ class Notifier:
 
     async def flush(self) -> None:
         """Wait until everything recorded so far has been sent (used by close and tests)."""
-        while self._pending and self._task is not None and not self._task.done():
-            await asyncio.sleep(0.001)
+        if self._task is not None and not self._task.done():
+            await self._idle.wait()
 
     async def close(self) -> None:
         await self.flush()

@@ -72,9 +72,7 @@ def row_to_envelope(
     ) = row[:ROW_WIDTH]
     event: Any = NOT_LOADED
     if payload is not None:
-        event = registry.deserialize(
-            ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr
-        )
+        event = registry.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
     metadata = None
     if meta_payload is not None and meta_ser_id is not None:
         metadata = registry.deserialize(

@@ -33,7 +33,7 @@ def ddl_text(name: str) -> str:
 def ddl_statements(settings: JournalSettings) -> list[sql.Composed]:
     """The DDL scripts with every placeholder bound to a quoted identifier."""
     names = Tables(settings).ddl_names()
-    return [sql.SQL(ddl_text(name)).format(**names) for name in DDL_FILES]  # type: ignore[arg-type]
+    return [sql.SQL(ddl_text(name)).format(**names) for name in DDL_FILES]
 
 
 async def apply_schema(conn: AsyncConnection[object], settings: JournalSettings) -> None:

@@ -77,7 +77,9 @@ class JsonSerializer:
     def register(self, cls: type, name: str | None = None) -> None:
         """Register an attrs class or dataclass under a stable manifest name."""
         if not (attrs.has(cls) or dataclasses.is_dataclass(cls)):
-            raise SerializationError(f"{cls.__qualname__} is neither an attrs class nor a dataclass")
+            raise SerializationError(
+                f"{cls.__qualname__} is neither an attrs class nor a dataclass"
+            )
         name = name or f"{cls.__module__}.{cls.__qualname__}"
         if not name:
             raise SerializationError("manifest name must not be empty")
@@ -188,9 +190,7 @@ class SerializerRegistry:
         try:
             return serializer.from_bytes(payload, manifest)
         except DeserializationError as e:
-            raise DeserializationError(
-                str(e), persistence_id=persistence_id, seq_nr=seq_nr
-            ) from e
+            raise DeserializationError(str(e), persistence_id=persistence_id, seq_nr=seq_nr) from e
         except Exception as e:
             raise DeserializationError(
                 f"cannot decode payload with serializer {serializer_id}, manifest "

@@ -10,6 +10,7 @@ instances only regroups slices, it never moves an event to another slice.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import attrs
 
@@ -94,7 +95,7 @@ class PersistenceId:
 
     @classmethod
     def of(cls, entity_type: str, entity_id: str) -> PersistenceId:
-        """Build an id, rejecting `|` in either part and anything `validate_persistence_id` rejects."""
+        """Build "type|id", rejecting `|` in either part and anything else invalid."""
         validate_entity_type(entity_type)
         if not isinstance(entity_id, str):
             raise InvalidPersistenceId(f"entity id must be a str, got {type(entity_id).__name__}")
@@ -134,7 +135,7 @@ def _check_slice(name: str, value: object) -> None:
         raise InvalidArgument(f"{name} must be within 0..{NUMBER_OF_SLICES - 1}, got {value}")
 
 
-def _check_range(instance: SliceRange, _a: object, _v: object) -> None:
+def _check_range(instance: SliceRange, _a: object, _v: int) -> None:
     _check_slice("min_slice", instance.min_slice)
     _check_slice("max_slice", instance.max_slice)
     if instance.min_slice > instance.max_slice:
@@ -153,7 +154,7 @@ class SliceRange:
     def __contains__(self, slice_: object) -> bool:
         return isinstance(slice_, int) and self.min_slice <= slice_ <= self.max_slice
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.min_slice, self.max_slice + 1))
 
     def __len__(self) -> int:

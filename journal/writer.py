@@ -247,9 +247,9 @@ class EventWriter:
             if target < 1:
                 return 0
             await conn.execute(
-                sql.SQL(
-                    "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s"
-                ).format(journal=journal),
+                sql.SQL("DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s").format(
+                    journal=journal
+                ),
                 (persistence_id, target),
             )
             await conn.execute(

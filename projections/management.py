@@ -127,7 +127,9 @@ class ProjectionManagement:
         async with self._journal.pool.connection() as conn:
             return await is_paused(conn, self._sql, name, range_key(slice_range))
 
-    async def set_offset(self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE) -> None:
+    async def set_offset(
+        self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
+    ) -> None:
         """Make the projection resume at `timestamp` for these slices, skipping older events.
 
         Takes effect when instances (re)start; pause or stop them first.
@@ -169,7 +171,9 @@ class ProjectionManagement:
             return [DeadLetter(*row) for row in await cur.fetchall()]
 
 
-async def is_paused(conn: AsyncConnection[Any], statements: ManagementSql, name: str, key: str) -> bool:
+async def is_paused(
+    conn: AsyncConnection[Any], statements: ManagementSql, name: str, key: str
+) -> bool:
     cur = await conn.execute(statements.paused, (name, ALL_RANGES, key))
     row = await cur.fetchone()
     return bool(row and row[0])

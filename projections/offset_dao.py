@@ -57,9 +57,7 @@ class OffsetDao:
         cur = await conn.execute(self._load, (self.name, slices.min_slice, slices.max_slice))
         return [Record(s, p, n, ts) for s, p, n, ts in await cur.fetchall()]
 
-    async def save(
-        self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]
-    ) -> None:
+    async def save(self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]) -> None:
         """Insert event records and progress markers (replacing older markers of those slices)."""
         if not records:
             return
@@ -67,8 +65,12 @@ class OffsetDao:
         if marker_slices:
             await conn.execute(
                 self._delete_markers,
-                {"name": self.name, "slices": marker_slices, "pid": PROGRESS_PID,
-                 "seq": PROGRESS_SEQ_NR},
+                {
+                    "name": self.name,
+                    "slices": marker_slices,
+                    "pid": PROGRESS_PID,
+                    "seq": PROGRESS_SEQ_NR,
+                },
             )
         await conn.execute(self._insert, self._rows(key, records))
 

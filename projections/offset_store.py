@@ -176,7 +176,7 @@ class OffsetState:
         seq_nr: int,
         slice_: int,
         timestamp: datetime,
-        previous_timestamp: datetime | None | _Unknown = UNKNOWN,
+        previous_timestamp: datetime | _Unknown | None = UNKNOWN,
     ) -> Validation:
         """Accept, drop as duplicate, or report a gap for one envelope.
 

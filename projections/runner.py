@@ -312,9 +312,7 @@ class Projection:
             ):
                 self.stats.gaps_filled += 1
                 await self._validate_and_process(missing)
-            v = state.validate(
-                env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, None
-            )
+            v = state.validate(env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, None)
             if not v.accepted:
                 self.stats.duplicates += 1
                 return
@@ -411,7 +409,11 @@ class Projection:
                     self.stats.retries += 1
                     _log.warning(
                         "projection %s %s: handler failed (attempt %d of %d): %s",
-                        self.name, self.key, attempt, strategy.attempts, error,
+                        self.name,
+                        self.key,
+                        attempt,
+                        strategy.attempts,
+                        error,
                     )
                     await asyncio.sleep(strategy.delay(attempt))
                     continue
@@ -433,8 +435,15 @@ class Projection:
             for env in envelopes:
                 await conn.execute(
                     self._management.dead_letter,
-                    (self.name, self.key, env.slice, env.persistence_id, env.seq_nr,
-                     env.db_timestamp, text),
+                    (
+                        self.name,
+                        self.key,
+                        env.slice,
+                        env.persistence_id,
+                        env.seq_nr,
+                        env.db_timestamp,
+                        text,
+                    ),
                 )
             if self.mode is not Mode.AT_LEAST_ONCE:
                 await self._dao.save(conn, self.key, records)
@@ -443,7 +452,10 @@ class Projection:
         self.stats.skipped += len(envelopes)
         _log.error(
             "projection %s %s skipped %d envelope(s) after retries: %s",
-            self.name, self.key, len(envelopes), text,
+            self.name,
+            self.key,
+            len(envelopes),
+            text,
         )
 
     # -- progress, pause, cleanup -------------------------------------------------------------

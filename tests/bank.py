@@ -140,7 +140,9 @@ async def journal_count(j: Journal) -> int:
 async def projected(j: Journal) -> tuple[dict[str, int], int, int]:
     """(balances, applied rows, distinct applied (pid, seq_nr))."""
     async with await psycopg.AsyncConnection.connect(j.dsn) as conn:
-        cur = await conn.execute(sql.SQL("SELECT pid, balance FROM {}").format(table(j, "balances")))
+        cur = await conn.execute(
+            sql.SQL("SELECT pid, balance FROM {}").format(table(j, "balances"))
+        )
         balances = {p: b for p, b in await cur.fetchall()}
         cur = await conn.execute(
             sql.SQL("SELECT count(*), count(DISTINCT (pid, seq_nr)) FROM {}").format(
@@ -152,10 +154,10 @@ async def projected(j: Journal) -> tuple[dict[str, int], int, int]:
         return balances, int(row[0]), int(row[1])
 
 
-async def wait_until_projected(j: Journal, timeout: float = 60.0) -> None:
+async def wait_until_projected(j: Journal, within: float = 60.0) -> None:
     """Wait until every journal event has been applied (distinct), or time out."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     total = await journal_count(j)
     while loop.time() < deadline:
         _, _, distinct = await projected(j)

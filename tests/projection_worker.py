@@ -1,4 +1,7 @@
-"""A projection in its own process, for the SIGKILL test: `python projection_worker.py DSN SCHEMA`."""
+"""A projection in its own process, for the SIGKILL test.
+
+Usage: `python projection_worker.py DSN SCHEMA`.
+"""
 
 from __future__ import annotations
 

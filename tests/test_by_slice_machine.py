@@ -148,6 +148,7 @@ def fast(**kw: Any) -> QuerySettings:
 
 # -- generated histories -----------------------------------------------------
 
+
 @st.composite
 def histories(draw: st.DrawFn, max_late: float = 4.0) -> list[Ev]:
     """Several pids, atomic batches sharing a timestamp, some committing late."""

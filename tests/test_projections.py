@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,7 +99,11 @@ async def test_grouped_projection_is_exact(bank_journal: Journal) -> None:
     handler = bank.make_grouped_handler(j)
     group = ProjectionGroup(
         lambda r: Projection.grouped(
-            j, name="balances", entity_type=bank.ENTITY, slice_range=r, handler=handler,
+            j,
+            name="balances",
+            entity_type=bank.ENTITY,
+            slice_range=r,
+            handler=handler,
             settings=FAST,
         ),
         2,
@@ -152,8 +155,13 @@ async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal
             raise RuntimeError("flaky handler")
 
     p = Projection.exactly_once(
-        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=flaky, settings=FAST, recovery=RecoveryStrategy.retry_and_fail(3, 0.01),
+        j,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=flaky,
+        settings=FAST,
+        recovery=RecoveryStrategy.retry_and_fail(3, 0.01),
     )
     task = asyncio.create_task(p.run())
     await assert_exact(j)
@@ -170,8 +178,13 @@ async def test_failing_handler_fails_the_projection(bank_journal: Journal) -> No
         raise ValueError("cannot handle")
 
     p = Projection.exactly_once(
-        j, name="b", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=broken, settings=FAST, recovery=RecoveryStrategy.retry_and_fail(2, 0.01),
+        j,
+        name="b",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=broken,
+        settings=FAST,
+        recovery=RecoveryStrategy.retry_and_fail(2, 0.01),
     )
     with pytest.raises(ProjectionError, match="cannot handle"):
         await asyncio.wait_for(p.run(), 30)
@@ -191,8 +204,13 @@ async def test_retry_then_skip_writes_a_dead_letter(bank_journal: Journal) -> No
         await inner(conn, env)
 
     p = Projection.exactly_once(
-        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=picky, settings=FAST, recovery=RecoveryStrategy.retry_and_skip(1, 0.01),
+        j,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=picky,
+        settings=FAST,
+        recovery=RecoveryStrategy.retry_and_skip(1, 0.01),
     )
     task = asyncio.create_task(p.run())
     for _ in range(200):
@@ -220,8 +238,12 @@ async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
         seen.append((env.persistence_id, env.seq_nr))
 
     p = Projection.at_least_once(
-        j, name="alo", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=handler, settings=FAST,
+        j,
+        name="alo",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=handler,
+        settings=FAST,
     )
     task = asyncio.create_task(p.run())
     total = await bank.journal_count(j)
@@ -238,8 +260,12 @@ async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
     seen.clear()
     await j.append(bank.account(100_000), [{"amount": 1}], expected_seq_nr=0)
     p2 = Projection.at_least_once(
-        j, name="alo", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=handler, settings=FAST,
+        j,
+        name="alo",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=handler,
+        settings=FAST,
     )
     task = asyncio.create_task(p2.run())
     for _ in range(300):
@@ -263,21 +289,21 @@ async def test_sigkill_mid_batch_then_restart_is_exact(bank_journal: Journal, pg
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(WORKER))}
     args = [sys.executable, WORKER, pg_dsn, j.settings.schema]
     for _ in range(3):
-        proc = subprocess.Popen(args, env=env)
+        proc = await asyncio.create_subprocess_exec(*args, env=env)
         # Kill it once it has applied something but before it is done.
         for _ in range(400):
             _, applied, _ = await bank.projected(j)
             if applied > 0 and applied % 50 != 0:
                 break
             await asyncio.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    proc = subprocess.Popen(args, env=env)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    proc = await asyncio.create_subprocess_exec(*args, env=env)
     try:
         await assert_exact(j)
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        await asyncio.wait_for(proc.wait(), 30)
 
 
 async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journal) -> None:
@@ -286,8 +312,12 @@ async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journa
         time_window=1.0, cleanup_interval=0.3, management_poll_interval=0.2, progress_interval=0.5
     )
     p = Projection.exactly_once(
-        j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=bank.make_handler(j), settings=settings,
+        j,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=bank.make_handler(j),
+        settings=settings,
     )
     task = asyncio.create_task(p.run())
     writers = bank.Writers(j, 50, late_fraction=0.0, seed=7)

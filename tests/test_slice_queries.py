@@ -37,9 +37,9 @@ ENTITY = "Acc"
 async def journal_events(j: Journal) -> set[tuple[str, int]]:
     async with await psycopg.AsyncConnection.connect(j.dsn) as conn:
         cur = await conn.execute(
-            psycopg.sql.SQL(
-                "SELECT persistence_id, seq_nr FROM {} WHERE NOT deleted"
-            ).format(j.tables.journal)
+            psycopg.sql.SQL("SELECT persistence_id, seq_nr FROM {} WHERE NOT deleted").format(
+                j.tables.journal
+            )
         )
         return {(p, s) for p, s in await cur.fetchall()}
 
@@ -139,8 +139,12 @@ async def test_thousands_of_events_sharing_one_timestamp(pg_dsn: str, schema: st
     async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
         async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
             for p in range(30):
-                await j.append(f"{ENTITY}|tie-{p}", [{"n": i} for i in range(100)],
-                               expected_seq_nr=0, conn=conn)
+                await j.append(
+                    f"{ENTITY}|tie-{p}",
+                    [{"n": i} for i in range(100)],
+                    expected_seq_nr=0,
+                    conn=conn,
+                )
             await conn.commit()
         expected = await journal_events(j)
         assert len(expected) == 3000
@@ -166,9 +170,7 @@ async def test_thousands_of_events_sharing_one_timestamp(pg_dsn: str, schema: st
         assert {(e.persistence_id, e.seq_nr) for e in live} == expected
 
 
-async def test_resume_from_random_offsets_gives_the_journal_once(
-    pg_dsn: str, schema: str
-) -> None:
+async def test_resume_from_random_offsets_gives_the_journal_once(pg_dsn: str, schema: str) -> None:
     query = fast_query_settings(buffer_size=7, backtracking=BacktrackingSettings(enabled=False))
     settings = JournalSettings(schema=schema, query=query)
     async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
@@ -229,7 +231,7 @@ async def test_notifications_wake_a_quiet_stream(pg_dsn: str, schema: str) -> No
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
             )
-            assert (await cur.fetchall()), "no LISTEN backend found"
+            assert await cur.fetchall(), "no LISTEN backend found"
         await asyncio.sleep(1.0)
         nxt = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0.5)

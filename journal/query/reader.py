@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -123,7 +123,7 @@ class SliceReader:
 
     async def _rows(
         self, entity_type: str, min_slice: int, max_slice: int, request: RowsQuery
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
         if request.limit is not None:
             async with self._pool.connection() as conn:

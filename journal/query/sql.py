@@ -120,8 +120,7 @@ def by_persistence_id(tables: Tables) -> sql.Composed:
 def one_event(tables: Tables) -> sql.Composed:
     """A single stored, not deleted event by id and seq_nr."""
     return sql.SQL(
-        "SELECT {columns} FROM {journal} WHERE persistence_id = %s AND seq_nr = %s "
-        "AND NOT deleted"
+        "SELECT {columns} FROM {journal} WHERE persistence_id = %s AND seq_nr = %s AND NOT deleted"
     ).format(columns=envelope_columns(), journal=tables.journal)
 
 
