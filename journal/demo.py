@@ -1,9 +1,10 @@
-"""`slicejournal demo`: bank accounts written concurrently, then replayed by slice.
+"""`slicejournal demo`: the whole pipeline on a real (embedded) PostgreSQL.
 
-It shows the whole write side on a real (embedded) PostgreSQL: concurrent
-aggregates with optimistic concurrency, snapshots, and a replay through
-`current_events_by_slices` over four slice ranges that must add up to exactly
-what was written.
+Concurrent bank-account aggregates persist deposits and withdrawals with
+optimistic concurrency and snapshots, while a grouped exactly-once projection keeps
+a balances table up to date over 4 slice ranges — rescaled to 8 and then to 2
+while the writers run. At the end the read model is checked against the
+aggregates and against a replay of the journal by slice.
 """
 
 from __future__ import annotations
@@ -11,20 +12,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
+from psycopg import AsyncConnection, sql
 
 from journal.aggregate import AggregateRepository
 from journal.journal import Journal
+from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import PersistenceId, slice_ranges
 
 ENTITY_TYPE = "Account"
+DEMO_SCHEMA = "slicejournal_demo"
 
 
 @attrs.frozen
@@ -68,66 +73,148 @@ def decide(rng: random.Random) -> Any:
     return command
 
 
-async def _reset(dsn: str, schema: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+class BalancesReadModel:
+    """The projection's target: one row per account, updated in the offset transaction."""
+
+    def __init__(self, schema: str) -> None:
+        self.table = sql.Identifier(schema, "balances")
+        self.lags: list[float] = []
+        self._upsert = sql.SQL(
+            "INSERT INTO {t} (account, balance) VALUES (%s, %s) ON CONFLICT (account) "
+            "DO UPDATE SET balance = {t}.balance + excluded.balance"
+        ).format(t=self.table)
+
+    async def create(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (account text PRIMARY KEY, balance bigint NOT NULL)"
+            ).format(self.table)
         )
+
+    async def handle(self, conn: AsyncConnection[Any], envelopes: list[EventEnvelope]) -> None:
+        """A batch of events, in the transaction that also stores their offsets."""
+        deltas: dict[str, int] = {}
+        for env in envelopes:
+            event = env.event
+            delta = event.amount if isinstance(event, Deposited) else -event.amount
+            deltas[env.persistence_id] = deltas.get(env.persistence_id, 0) + delta
+        async with conn.cursor() as cur:
+            await cur.executemany(self._upsert, list(deltas.items()))
+        now = datetime.now(UTC)
+        self.lags.extend((now - env.db_timestamp).total_seconds() for env in envelopes)
+
+    async def balances(self, conn: AsyncConnection[Any]) -> dict[str, int]:
+        cur = await conn.execute(sql.SQL("SELECT account, balance FROM {}").format(self.table))
+        return {a: b for a, b in await cur.fetchall()}
 
 
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
+    from projections import Projection, ProjectionGroup
+
     if settings.schema == "public":
-        settings = attrs.evolve(settings, schema="slicejournal_demo")
+        settings = attrs.evolve(settings, schema=DEMO_SCHEMA)
     async with Journal.connect(dsn, settings, serializers=bank_serializers()) as journal:
-        await _reset(journal.dsn, settings.schema)
+        print(f"journal  PostgreSQL at {journal.dsn.split('?')[0]}..., schema {settings.schema!r}")
+        async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(settings.schema))
+            )
         await journal.create_schema()
+        model = BalancesReadModel(settings.schema)
+        async with journal.pool.connection() as conn:
+            await model.create(conn)
+
         repo: AggregateRepository[Account, Any] = AggregateRepository(
             journal, initial=Account, evolve=evolve, snapshot_every=20
         )
         pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(args.accounts)]
         expected: dict[str, int] = {}
-        conflicts = 0
         written = 0
+        per_writer = args.events // args.writers
+        total = per_writer * args.writers
+        milestones = {total // 3: asyncio.Event(), 2 * total // 3: asyncio.Event()}
 
         async def writer(seed: int, count: int) -> None:
-            nonlocal conflicts, written
+            nonlocal written
             rng = random.Random(seed)
             for _ in range(count):
                 pid = rng.choice(pids)
-                before = repo_conflicts()
                 loaded = await repo.update(pid, decide(rng))
-                conflicts += repo_conflicts() - before
                 expected[pid] = loaded.state.balance
                 written += 1
+                if written in milestones:
+                    milestones[written].set()
 
-        def repo_conflicts() -> int:
-            return 0
-
+        group = ProjectionGroup(
+            lambda r: Projection.grouped(
+                journal,
+                name="balances",
+                entity_type=ENTITY_TYPE,
+                slice_range=r,
+                handler=model.handle,
+            ),
+            4,
+        )
         started = time.perf_counter()
-        per_writer = args.events // args.writers
-        await asyncio.gather(*(writer(i, per_writer) for i in range(args.writers)))
+        await group.start()
+        writers = asyncio.gather(*(writer(i, per_writer) for i in range(args.writers)))
+        for milestone, instances in zip(milestones.values(), (8, 2), strict=True):
+            await milestone.wait()
+            await group.rescale(instances)
+            print(
+                f"rescale  {written} events written: projection now runs "
+                f"{instances} instances over slice ranges of {1024 // instances}"
+            )
+        await writers
         write_s = time.perf_counter() - started
+        projected = 0
+        while projected < written:
+            if (failure := group.failed()) is not None:
+                raise failure
+            await asyncio.sleep(0.05)
+            projected = sum(s.accepted for s in group.stats())
+        project_s = time.perf_counter() - started
+        await group.stop()
+        duplicates = sum(s.duplicates for s in group.stats())
 
-        started = time.perf_counter()
+        async with journal.pool.connection() as conn:
+            balances = await model.balances(conn)
         replayed: dict[str, int] = {}
-        events = 0
+        replay_started = time.perf_counter()
+        replay_events = 0
         for r in slice_ranges(4):
             async for env in journal.current_events_by_slices(
                 ENTITY_TYPE, r.min_slice, r.max_slice
             ):
-                balance = replayed.get(env.persistence_id, 0)
-                replayed[env.persistence_id] = evolve(Account(balance), env.event).balance
-                events += 1
-        replay_s = time.perf_counter() - started
-        mismatches = sum(1 for pid, bal in expected.items() if replayed.get(pid) != bal)
+                replayed[env.persistence_id] = evolve(
+                    Account(replayed.get(env.persistence_id, 0)), env.event
+                ).balance
+                replay_events += 1
+        replay_s = time.perf_counter() - replay_started
+        mismatches = sum(
+            1
+            for pid, balance in expected.items()
+            if balances.get(pid) != balance or replayed.get(pid) != balance
+        )
+        lags = sorted(model.lags)
+        p50 = statistics.median(lags) * 1000
+        p99 = lags[int(len(lags) * 0.99) - 1] * 1000 if lags else 0.0
         print(
-            f"wrote    {written} events for {len(expected)} accounts with {args.writers} "
-            f"concurrent writers in {write_s:.2f}s ({written / write_s:.0f} events/s), "
-            f"{repo.snapshots_saved} snapshots"
+            f"write    {written} events, {len(expected)} accounts, {args.writers} concurrent "
+            f"writers: {written / write_s:.0f} events/s, {repo.snapshots_saved} snapshots"
         )
         print(
-            f"replayed {events} events over 4 slice ranges in {replay_s:.2f}s "
-            f"({events / max(replay_s, 1e-9):.0f} events/s)"
+            f"project  grouped exactly-once over 4 -> 8 -> 2 instances: "
+            f"{projected / project_s:.0f} events/s, lag p50 {p50:.0f} ms, p99 {p99:.0f} ms"
         )
-        print(f"verify   events written={written} replayed={events} mismatches={mismatches}")
-        return 0 if mismatches == 0 and events == written else 1
+        print(
+            f"replay   {replay_events} events by slice (4 ranges): "
+            f"{replay_events / max(replay_s, 1e-9):.0f} events/s"
+        )
+        print(
+            f"verify   events written={written} projected={projected} "
+            f"duplicates dropped={duplicates} mismatches={mismatches}"
+        )
+        ok = mismatches == 0 and projected == written == replay_events
+        print("OK" if ok else "FAILED")
+        return 0 if ok else 1

@@ -144,6 +144,22 @@ class _Subscription:
         self.event = asyncio.Event()
 
 
+async def wait_for_wakeup(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` pass; True if it was set (and clear it).
+
+    `asyncio.timeout` rather than `asyncio.wait_for`: on Python 3.11 the latter
+    can swallow a cancellation that arrives as the event fires, which would
+    leave a cancelled stream running.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    if event.is_set():
+        event.clear()
+        return True
+    return False
+
+
 class NotificationListener:
     """One LISTEN connection per `Journal`, fanned out to every live query.
 

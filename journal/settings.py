@@ -50,6 +50,12 @@ def _identifier(instance: Any, attribute: attrs.Attribute[Any], value: str) -> N
         raise InvalidSettings(f"{attribute.name} must be a non-empty str, got {value!r}")
     if "\x00" in value:
         raise InvalidSettings(f"{attribute.name} must not contain NUL: {value!r}")
+    if "%" in value:
+        # psycopg reads `%` as a placeholder even inside a quoted identifier, so
+        # such a name would break (or redirect) every parameterised statement.
+        raise InvalidSettings(f"{attribute.name} must not contain '%': {value!r}")
+    if attribute.name == "schema" and value.lower().startswith("pg_"):
+        raise InvalidSettings(f"schema {value!r}: names starting with pg_ are reserved")
     if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
         raise InvalidSettings(
             f"{attribute.name} {value!r} is longer than PostgreSQL's "

@@ -13,7 +13,6 @@ from functools import cached_property
 import attrs
 from psycopg import sql
 
-from journal.errors import InvalidSettings
 from journal.settings import JournalSettings
 
 _INDEX_SUFFIX = "_slice_idx"
@@ -35,21 +34,6 @@ class Tables:
     @cached_property
     def journal(self) -> sql.Identifier:
         return self._qualified(self.settings.journal_table)
-
-    def __attrs_post_init__(self) -> None:
-        # psycopg reads `%` as a placeholder even inside a quoted identifier, so
-        # such a name would break (or redirect) every parameterised statement.
-        s = self.settings
-        for field in (
-            "schema",
-            "journal_table",
-            "snapshot_table",
-            "offset_table",
-            "management_table",
-            "dead_letter_table",
-        ):
-            if "%" in getattr(s, field):
-                raise InvalidSettings(f"{field} must not contain '%': {getattr(s, field)!r}")
 
     @cached_property
     def journal_slice_index(self) -> sql.Identifier:

@@ -7,7 +7,6 @@ caught up and is woken early by the same notifications the slice query uses.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope
-from journal.notifications import NotificationListener
+from journal.notifications import NotificationListener, wait_for_wakeup
 from journal.query import sql as q
 from journal.rows import row_to_envelope
 from journal.serialization import SerializerRegistry
@@ -93,9 +92,7 @@ class PersistenceIdQueries:
                     if sub is None:
                         await asyncio.sleep(self._refresh)
                     else:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(sub.event.wait(), self._refresh)
-                        sub.event.clear()
+                        await wait_for_wakeup(sub.event, self._refresh)
         finally:
             if sub is not None and self._listener is not None:
                 self._listener.unsubscribe(sub)

@@ -19,7 +19,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from journal.model import EventEnvelope, TimestampOffset
-from journal.notifications import NotificationListener
+from journal.notifications import NotificationListener, wait_for_wakeup
 from journal.query import sql as q
 from journal.query.by_slice import (
     BucketsQuery,
@@ -148,10 +148,7 @@ class SliceReader:
         if sub is None:
             await asyncio.sleep(timeout)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(sub.event.wait(), timeout)
-        if sub.event.is_set():
-            sub.event.clear()
+        if await wait_for_wakeup(sub.event, timeout):
             machine.on_notification(loop.time())
 
 

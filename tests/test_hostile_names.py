@@ -1,0 +1,272 @@
+"""Schema, table, entity type and persistence id names that try to break out of SQL.
+
+Names reach SQL only as quoted identifiers or bound parameters, so each of
+these must be stored verbatim and must not touch anything else.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from journal import InvalidSettings, Journal, JournalSettings, slice_for
+
+Row = tuple[Any, ...]
+
+
+async def fetch(
+    pg_dsn: str, query: str | sql.SQL | sql.Composed, params: Sequence[Any] = ()
+) -> list[Row]:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall()
+
+
+async def drop_schemas(pg_dsn: str, *names: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for name in names:
+            await conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+            )
+
+
+async def tables_in(pg_dsn: str, schema: str) -> set[str]:
+    rows = await fetch(
+        pg_dsn,
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+        (schema,),
+    )
+    return {r[0] for r in rows}
+
+
+async def schema_exists(pg_dsn: str, schema: str) -> bool:
+    rows = await fetch(pg_dsn, "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+    return bool(rows[0][0])
+
+
+@pytest.fixture
+async def canary(pg_dsn: str) -> AsyncIterator[sql.Identifier]:
+    """A table in a schema of its own, holding one row that every test checks at the end."""
+    schema = f"canary_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(schema, "x")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        await conn.execute(sql.SQL("CREATE TABLE {} (v text)").format(ident))
+        await conn.execute(sql.SQL("INSERT INTO {} VALUES ('alive')").format(ident))
+    try:
+        yield ident
+        assert await fetch(pg_dsn, sql.SQL("SELECT v FROM {}").format(ident)) == [("alive",)]
+    finally:
+        await drop_schemas(pg_dsn, schema)
+
+
+HOSTILE_NAMES = [
+    'ev"il; DROP TABLE x; --',
+    "it's; DELETE FROM x; --",
+    '"; DROP SCHEMA public CASCADE; --',
+    "with  spaces and\ttab",
+    "ünïcödé 日本語 😀",
+    "UPPER lower",
+    "$1 {x} {} ? :name",
+    "back\\slash\\",
+    "a.b",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+async def test_hostile_schema_and_table_names(
+    pg_dsn: str, canary: sql.Identifier, hostile: str
+) -> None:
+    schema = f"{hostile} {uuid.uuid4().hex[:6]}"
+    settings = JournalSettings(
+        schema=schema,
+        journal_table=f"j {hostile}",
+        snapshot_table=f"s {hostile}",
+        offset_table=f"o {hostile}",
+        management_table=f"m {hostile}",
+        dead_letter_table=f"d {hostile}",
+    )
+    try:
+        async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+            pid = "Account|1"
+            await j.append(pid, [{"a": 1}, {"a": 2}], expected_seq_nr=0)
+            await j.append(pid, [{"a": 3}], expected_seq_nr=2)
+            await j.save_snapshot(pid, 3, {"sum": 6})
+            events = [e async for e in j.current_events_by_persistence_id(pid)]
+            s = slice_for(pid)
+            by_slice = [e async for e in j.current_events_by_slices("Account", s, s)]
+            snap = await j.load_snapshot(pid)
+            ids = [p async for p in j.current_persistence_ids()]
+            await j.delete_events_to(pid, 1)
+            after_delete = [e.seq_nr async for e in j.current_events_by_persistence_id(pid)]
+            await j.create_schema()  # idempotent under these names too
+        assert [e.event for e in events] == [{"a": 1}, {"a": 2}, {"a": 3}]
+        assert [e.seq_nr for e in by_slice] == [1, 2, 3]
+        assert snap is not None and snap.state == {"sum": 6}
+        assert ids == [pid]
+        assert after_delete == [2, 3]
+
+        # the tables exist under exactly these names
+        assert await tables_in(pg_dsn, schema) == {
+            f"j {hostile}",
+            f"s {hostile}",
+            f"o {hostile}",
+            f"m {hostile}",
+            f"d {hostile}",
+        }
+        journal_table = sql.Identifier(schema, f"j {hostile}")
+        rows = await fetch(
+            pg_dsn, sql.SQL("SELECT seq_nr FROM {} ORDER BY seq_nr").format(journal_table)
+        )
+        assert rows == [(1,), (2,), (3,)]
+        indexes = await fetch(
+            pg_dsn,
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+            (schema, f"j {hostile}"),
+        )
+        assert f"j {hostile}_slice_idx" in {r[0] for r in indexes}
+        assert await schema_exists(pg_dsn, "public")
+    finally:
+        await drop_schemas(pg_dsn, schema)
+
+
+async def test_hostile_entity_types_and_pids_are_stored_verbatim(
+    pg_dsn: str, schema: str, canary: sql.Identifier
+) -> None:
+    entity_type = "Acc'ount\"; DROP TABLE x; --"
+    pids = [
+        f"{entity_type}|1",
+        f"{entity_type}|'); DELETE FROM event_journal; --",
+        "Plain|%s %(pid)s {journal} $1",
+    ]
+    async with Journal.connect(pg_dsn, JournalSettings(schema=schema), create_schema=True) as j:
+        for pid in pids:
+            await j.append(
+                pid, [{"pid": pid}], expected_seq_nr=0, tags=["t'; --", 'q"'], metadata=pid
+            )
+            await j.save_snapshot(pid, 1, {"pid": pid})
+        rows = await fetch(
+            pg_dsn,
+            sql.SQL(
+                "SELECT persistence_id, entity_type, slice, tags FROM {} ORDER BY persistence_id"
+            ).format(sql.Identifier(schema, "event_journal")),
+        )
+        assert rows == sorted(
+            (pid, pid.split("|", 1)[0], slice_for(pid), ["t'; --", 'q"']) for pid in pids
+        )
+        for pid in pids:
+            envs = [e async for e in j.current_events_by_persistence_id(pid)]
+            assert [(e.persistence_id, e.event, e.metadata) for e in envs] == [
+                (pid, {"pid": pid}, pid)
+            ]
+            snap = await j.load_snapshot(pid)
+            assert snap is not None and snap.state == {"pid": pid}
+        by_type = [p async for p in j.current_persistence_ids(entity_type)]
+        assert by_type == sorted(pids[:2])
+        by_slice = [
+            e.persistence_id async for e in j.current_events_by_slices(entity_type, 0, 1023)
+        ]
+        assert sorted(by_slice) == sorted(pids[:2])
+    assert await tables_in(pg_dsn, schema) >= {"event_journal", "snapshot"}
+
+
+def _too_long() -> list[str]:
+    return ["x" * 64, "é" * 32, "😀" * 16, "a" * 62 + "é"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["schema", "journal_table", "snapshot_table", "offset_table", "management_table"],
+)
+async def test_invalid_identifiers_are_rejected_before_anything_is_created(
+    pg_dsn: str, field: str
+) -> None:
+    marker = uuid.uuid4().hex[:8]
+    bad_values: list[Any] = [
+        "",
+        f"nul\x00{marker}",
+        None,
+        42,
+        *(marker + v for v in _too_long()),
+    ]
+    for bad in bad_values:
+        kwargs: dict[str, Any] = {field: bad}
+        if field != "schema":
+            kwargs["schema"] = f"never_{marker}"
+        with pytest.raises(InvalidSettings):
+            JournalSettings(**kwargs)
+    # nothing was created under the name PostgreSQL would have truncated it to
+    for bad in bad_values:
+        if isinstance(bad, str) and bad and "\x00" not in bad:
+            truncated = bad.encode("utf-8")[:63].decode("utf-8", "ignore")
+            assert not await schema_exists(pg_dsn, truncated)
+    assert not await schema_exists(pg_dsn, f"never_{marker}")
+
+
+@pytest.mark.parametrize("name", ["%(pid)s", "%s", "100%", "%%"])
+@pytest.mark.parametrize("field", ["schema", "journal_table", "snapshot_table", "offset_table"])
+async def test_percent_in_names_is_rejected_before_anything_is_created(
+    pg_dsn: str, field: str, name: str
+) -> None:
+    """psycopg reads `%` as a placeholder even inside quoted identifiers.
+
+    Schema `%(pid)s` would otherwise make every parameterised statement address
+    schema `"$1"`: a different schema, chosen by the placeholder numbering.
+    """
+    marker = f"pct_{uuid.uuid4().hex[:8]}"
+    kwargs: dict[str, Any] = {"schema": marker, field: f"{name} {marker}"}
+    with pytest.raises(InvalidSettings, match="%"):
+        async with Journal.connect(pg_dsn, JournalSettings(**kwargs), create_schema=True):
+            pass
+    assert not await schema_exists(pg_dsn, kwargs["schema"])
+    assert not await schema_exists(pg_dsn, "$1")
+
+
+def test_identifier_limit_counts_bytes_not_characters() -> None:
+    assert JournalSettings(schema="x" * 63).schema == "x" * 63
+    assert JournalSettings(journal_table="é" * 31 + "x").journal_table == "é" * 31 + "x"
+    with pytest.raises(InvalidSettings, match="63"):
+        JournalSettings(journal_table="é" * 32)
+
+
+async def test_longest_table_name_keeps_its_index(pg_dsn: str, schema: str) -> None:
+    """A 63-byte table name still gets a slice index whose name PostgreSQL does not truncate."""
+    name = "ü" * 31 + "x"  # 63 bytes
+    assert len(name.encode("utf-8")) == 63
+    settings = JournalSettings(schema=schema, journal_table=name)
+    async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+        await j.append("Long|1", [{"a": 1}], expected_seq_nr=0)
+        await j.create_schema()
+    indexes = await fetch(
+        pg_dsn,
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+        (schema, name),
+    )
+    slice_indexes = [r for r in indexes if "slice" in r[1] and "db_timestamp" in r[1]]
+    assert len(slice_indexes) == 1
+    assert len(slice_indexes[0][0].encode("utf-8")) <= 63
+
+
+async def test_two_long_table_names_in_one_schema_each_get_a_slice_index(
+    pg_dsn: str, schema: str
+) -> None:
+    """Names that differ only after the index-name cut must not share one index name."""
+    base = "tenant_events_for_customer_alpha_bravo_charlie_delta_echo_"  # 58 bytes
+    names = [base + "1", base + "2"]
+    for name in names:
+        settings = JournalSettings(schema=schema, journal_table=name)
+        async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+            await j.append("Tenant|1", [{"t": name}], expected_seq_nr=0)
+    for name in names:
+        indexes = await fetch(
+            pg_dsn,
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+            (schema, name),
+        )
+        defs = [r[0] for r in indexes]
+        assert any("(slice, entity_type, db_timestamp, seq_nr)" in d for d in defs), (name, defs)
