@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -22,8 +22,7 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
-
-Row = tuple[Any, ...]
+from tests.pg import Row, fetch
 
 
 @attrs.frozen
@@ -82,14 +81,6 @@ def repo(journal: Journal, snapshot_every: int | None = None, evolve_fn: Any = e
     return AggregateRepository(
         journal, initial=Account, evolve=evolve_fn, snapshot_every=snapshot_every
     )
-
-
-async def fetch(
-    pg_dsn: str, query: str | sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> list[Row]:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall()
 
 
 async def stored_events(journal: Journal, pid: str) -> list[Any]:

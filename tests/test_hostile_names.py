@@ -7,7 +7,7 @@ these must be stored verbatim and must not touch anything else.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -15,16 +15,7 @@ import pytest
 from psycopg import sql
 
 from journal import InvalidSettings, Journal, JournalSettings, slice_for
-
-Row = tuple[Any, ...]
-
-
-async def fetch(
-    pg_dsn: str, query: str | sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> list[Row]:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall()
+from tests.pg import fetch
 
 
 async def drop_schemas(pg_dsn: str, *names: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
-from typing import Any
 
 import attrs
 import psycopg
@@ -24,8 +23,7 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
-
-Row = tuple[Any, ...]
+from tests.pg import fetch
 
 
 @attrs.frozen
@@ -138,14 +136,6 @@ async def pekko_write(
                 ),
             )
         await conn.commit()
-
-
-async def fetch(
-    pg_dsn: str, query: str | sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> list[Row]:
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall()
 
 
 async def by_pid(journal: Journal, pid: str) -> list[EventEnvelope]:

@@ -11,7 +11,6 @@ import itertools
 import json
 import random
 from collections import defaultdict
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,24 +33,13 @@ from journal import (
     entity_type_of,
     slice_for,
 )
-
-Row = tuple[Any, ...]
-
+from tests.pg import Row, fetch
 
 # -- helpers ------------------------------------------------------------------
 
 
 def table(schema: str, name: str = "event_journal") -> sql.Identifier:
     return sql.Identifier(schema, name)
-
-
-async def fetch(
-    pg_dsn: str, query: str | sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> list[Row]:
-    """Run one query on a fresh autocommit connection (never the journal's pools)."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall()
 
 
 async def count_rows(pg_dsn: str, schema: str, pid: str | None = None) -> int:
