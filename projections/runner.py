@@ -135,16 +135,12 @@ class Projection:
         handler: Handler,
         **options: Any,
     ) -> Projection:
-        """`handler(conn, envelope)` runs in the transaction that stores the offset."""
-        return cls(
-            journal,
-            name=name,
-            entity_type=entity_type,
-            slice_range=slice_range,
-            mode=Mode.EXACTLY_ONCE,
-            handler=handler,
-            **options,
-        )
+        """`handler(conn, envelope)` runs in the transaction that stores the offset.
+
+        `options`: `settings`, `recovery`, `query_settings`.
+        """
+        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -158,15 +154,8 @@ class Projection:
         **options: Any,
     ) -> Projection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets."""
-        return cls(
-            journal,
-            name=name,
-            entity_type=entity_type,
-            slice_range=slice_range,
-            mode=Mode.GROUPED,
-            handler=handler,
-            **options,
-        )
+        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -180,15 +169,8 @@ class Projection:
         **options: Any,
     ) -> Projection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically."""
-        return cls(
-            journal,
-            name=name,
-            entity_type=entity_type,
-            slice_range=slice_range,
-            mode=Mode.AT_LEAST_ONCE,
-            handler=handler,
-            **options,
-        )
+        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
