@@ -348,7 +348,14 @@ class Projection:
 
     async def _call_in_transaction(self, envelopes: list[EventEnvelope]) -> None:
         records = [_record(e) for e in envelopes] + self._progress_markers()
-        async with self.journal.pool.connection() as conn, conn.transaction():
+        # Pipeline mode sends BEGIN, the handler's statements, the offsets and
+        # COMMIT without waiting for each reply (a handler reading results
+        # still gets them: psycopg syncs on demand).
+        async with (
+            self.journal.pool.connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
             if self.mode is Mode.GROUPED:
                 await self._handler(conn, envelopes)
             else:
