@@ -9,10 +9,10 @@ commit (and so its WAL flush). Instead, `append` records "entity type X,
 slice bucket B changed" in memory after its commit, and one sender per
 `Journal` turns everything recorded since its last send into one `pg_notify`
 per entity type. At low rates that is one notification per append, sent at
-once; at high rates many appends share one, so the lock is taken a bounded
-number of times per second no matter how many writers there are. Appends made
-inside a caller's transaction (`conn=`) notify inside it instead, because only
-the caller knows when it commits.
+once; after each send the task waits 10 ms, so at high rates many appends
+share one and the lock is taken at most ~100 times per second no matter how
+many writers there are. Appends made inside a caller's transaction (`conn=`)
+notify inside it instead, because only the caller knows when it commits.
 
 Payload: ``"<16 hex digits>:<entity type>"`` — a 64-bit mask of slice buckets
 (bucket = slice // 16) followed by the entity type. Channel: see
@@ -33,6 +33,7 @@ from psycopg import AsyncConnection, sql
 _log = logging.getLogger(__name__)
 
 SLICES_PER_BUCKET = 16
+MIN_SEND_INTERVAL = 0.01
 _MASK_DIGITS = 16
 
 
@@ -109,10 +110,15 @@ class Notifier:
                     await self._reset()
             if not self._pending:
                 self._idle.set()
+            # Whatever arrives in the next few ms shares the next notification:
+            # at most ~1/MIN_SEND_INTERVAL notifying commits per second.
+            await asyncio.sleep(MIN_SEND_INTERVAL)
 
     async def _send(self, pending: dict[str, int]) -> None:
         if self._conn is None or self._conn.closed:
             self._conn = await self._connect()
+            # A hint lost in a crash costs nothing, so its commit need not wait for the disk.
+            await self._conn.execute("SET synchronous_commit = off")
         for entity_type, mask in pending.items():
             await send_notification(self._conn, self._channel, entity_type, mask)
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from typing import Any, Final, Protocol, runtime_checkable
 
 import attrs
 
 from journal.errors import DeserializationError, SerializationError
 from journal.model import SerializedPayload
+
+# One encoder for all events: json.dumps with options builds a new one per call.
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 BYTES_SERIALIZER_ID: Final = 4  # Pekko's ByteArraySerializer
 JSON_SERIALIZER_ID: Final = 31  # the id Pekko gives its Jackson JSON serializer
@@ -104,7 +106,7 @@ class JsonSerializer:
         else:
             fields = value
         try:
-            return json.dumps(fields, separators=(",", ":"), allow_nan=False).encode("utf-8")
+            return _ENCODER.encode(fields).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise SerializationError(f"cannot encode {cls.__qualname__} as JSON: {e}") from e
 
@@ -198,6 +200,3 @@ class SerializerRegistry:
                 persistence_id=persistence_id,
                 seq_nr=seq_nr,
             ) from e
-
-
-Decoder = Callable[[int, str, bytes], Any]

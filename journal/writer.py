@@ -10,6 +10,7 @@ the loser gets `ConcurrencyError` and nothing of its batch is stored.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -107,30 +108,32 @@ class EventWriter:
         self._registry = registry
         self._writer_id = writer_id
         self._notifier = notifier
+        # Binary parameters: psycopg would otherwise escape every array element
+        # as text. One result row: all events of an append share the timestamp.
         self._append_sql = sql.SQL(
             """
             WITH prev AS (
               SELECT seq_nr, db_timestamp FROM {journal}
-              WHERE persistence_id = %(pid)s ORDER BY seq_nr DESC LIMIT 1
+              WHERE persistence_id = %(pid)b ORDER BY seq_nr DESC LIMIT 1
             ), ins AS (
               INSERT INTO {journal} (
                 slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
                 event_ser_id, event_ser_manifest, event_payload, tags,
                 meta_ser_id, meta_ser_manifest, meta_payload, deleted
               )
-              SELECT %(slice)s, %(entity_type)s, %(pid)s, e.seq_nr,
+              SELECT %(slice)b, %(entity_type)b, %(pid)b, %(expected)b + e.n,
                 GREATEST(
                   transaction_timestamp(),
                   (SELECT db_timestamp FROM prev) + interval '1 microsecond'
                 ),
-                %(writer)s, e.ser_id, e.manifest, e.payload, %(tags)s::text[],
-                %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s::bytea, false
-              FROM unnest(%(seq_nrs)s::bigint[], %(ser_ids)s::int[], %(manifests)s::text[],
-                          %(payloads)s::bytea[]) AS e(seq_nr, ser_id, manifest, payload)
-              WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %(expected)s
-              RETURNING seq_nr, db_timestamp
+                %(writer)b, e.ser_id, e.manifest, e.payload, %(tags)b::text[],
+                %(meta_ser_id)b::int, %(meta_manifest)b::text, %(meta_payload)b::bytea, false
+              FROM unnest(%(ser_ids)b::int[], %(manifests)b::text[], %(payloads)b::bytea[])
+                   WITH ORDINALITY AS e(ser_id, manifest, payload, n)
+              WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %(expected)b
+              RETURNING db_timestamp
             )
-            SELECT seq_nr, db_timestamp FROM ins ORDER BY seq_nr
+            SELECT count(*), max(db_timestamp) FROM ins
             """
         ).format(journal=tables.journal)
         self._highest_sql = sql.SQL(
@@ -150,7 +153,6 @@ class EventWriter:
             "meta_ser_id": batch.meta.serializer_id if batch.meta else None,
             "meta_manifest": batch.meta.manifest if batch.meta else None,
             "meta_payload": batch.meta.payload if batch.meta else None,
-            "seq_nrs": [batch.expected_seq_nr + i + 1 for i in range(len(batch.payloads))],
             "ser_ids": [p.serializer_id for p in batch.payloads],
             "manifests": [p.manifest for p in batch.payloads],
             "payloads": [p.payload for p in batch.payloads],
@@ -166,8 +168,8 @@ class EventWriter:
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
             async with conn.transaction():
-                rows = await self._insert(conn, params)
-                if not rows:
+                stored_at = await self._insert(conn, params)
+                if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
                 if self._notifier is not None:
                     await send_notification(
@@ -176,13 +178,13 @@ class EventWriter:
                         batch.entity_type,
                         1 << (batch.slice // 16),
                     )
-            if not rows:
+            if stored_at is None:
                 actual = await self.highest_seq_nr(batch.persistence_id, conn)
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
             async with self._pool.connection() as own:
-                rows = await self._insert(own, params)
-                if not rows:
+                stored_at = await self._insert(own, params)
+                if stored_at is None:
                     # Ask on the connection already held: taking a second one from the
                     # pool while holding this one can exhaust the pool under contention.
                     actual = await self.highest_seq_nr(batch.persistence_id, own)
@@ -194,8 +196,8 @@ class EventWriter:
                 persistence_id=batch.persistence_id,
                 entity_type=batch.entity_type,
                 slice=batch.slice,
-                seq_nr=seq_nr,
-                db_timestamp=db_timestamp,
+                seq_nr=batch.expected_seq_nr + i,
+                db_timestamp=stored_at,
                 event=event,
                 serializer_id=payload.serializer_id,
                 serializer_manifest=payload.manifest,
@@ -204,21 +206,23 @@ class EventWriter:
                 writer=self._writer_id,
                 source="append",
             )
-            for (seq_nr, db_timestamp), event, payload in zip(
-                rows, batch.events, batch.payloads, strict=True
+            for i, (event, payload) in enumerate(
+                zip(batch.events, batch.payloads, strict=True), start=1
             )
         ]
 
-    async def _insert(
-        self, conn: AsyncConnection[Any], params: dict[str, Any]
-    ) -> list[tuple[Any, ...]]:
-        """The stored (seq_nr, db_timestamp) rows; empty if `expected_seq_nr` was not current."""
+    async def _insert(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> datetime | None:
+        """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
         try:
             async with conn.cursor() as cur:
                 await cur.execute(self._append_sql, params)
-                return await cur.fetchall()
+                row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:
-            return []
+            return None
+        if row is None or not row[0]:
+            return None
+        stored_at: datetime = row[1]
+        return stored_at
 
     async def highest_seq_nr(
         self, persistence_id: str, conn: AsyncConnection[Any] | None = None
