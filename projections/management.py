@@ -3,8 +3,9 @@
 State lives in PostgreSQL (`projection_management`, the offset store), so an
 operator's command reaches every running instance, in any process, within
 `management_poll_interval`, and survives restarts and rescaling. Pausing
-the whole projection uses the key "*", so it holds whatever the slice ranges
-are; a single range can be paused by its own key ("min-max").
+the whole projection uses the key "*"; pausing a slice range ("min-max")
+pauses every instance that handles any slice of it, whatever the current
+split into ranges is.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import attrs
 from psycopg import AsyncConnection, sql
 
-from journal import Journal, SliceRange, slice_ranges
+from journal import InvalidArgument, Journal, SliceRange, slice_ranges
 from journal.slices import validate_entity_type
 from projections.offset_dao import OffsetDao
 
@@ -44,6 +45,9 @@ class RangeStatus:
     latest_offset: datetime | None
     journal_head: datetime | None
     paused: bool
+    # Where an instance for this range would resume: the earliest of its
+    # slices' latest rows (None = from the beginning: a slice has no row).
+    resume_from: datetime | None = None
 
     @property
     def lag(self) -> timedelta | None:
@@ -77,9 +81,8 @@ class ManagementSql:
             "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name, projection_key) "
             "DO UPDATE SET paused = excluded.paused, last_updated = excluded.last_updated"
         ).format(m=t.management)
-        self.paused = sql.SQL(
-            "SELECT coalesce(bool_or(paused), false) FROM {m} "
-            "WHERE projection_name = %s AND projection_key IN (%s, %s)"
+        self.paused_keys = sql.SQL(
+            "SELECT projection_key FROM {m} WHERE projection_name = %s AND paused"
         ).format(m=t.management)
         self.dead_letter = sql.SQL(
             "INSERT INTO {d} (projection_name, projection_key, slice, persistence_id, seq_nr, "
@@ -89,9 +92,10 @@ class ManagementSql:
             "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at FROM {d} "
             "WHERE projection_name = %s ORDER BY failed_at, persistence_id, seq_nr"
         ).format(d=t.dead_letter)
-        self.latest_offset = sql.SQL(
-            "SELECT max(timestamp_offset) FROM {o} WHERE projection_name = %s "
-            "AND slice BETWEEN %s AND %s"
+        self.offsets = sql.SQL(
+            "SELECT max(latest), min(latest), count(*) FROM ("
+            "  SELECT slice, max(timestamp_offset) AS latest FROM {o} "
+            "  WHERE projection_name = %s AND slice BETWEEN %s AND %s GROUP BY slice) AS s"
         ).format(o=t.offset_store)
         self.head = sql.SQL(
             "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
@@ -108,7 +112,7 @@ class ProjectionManagement:
         self._sql = ManagementSql(journal)
 
     async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
-        key = ALL_RANGES if slices is None else range_key(slices)
+        key = ALL_RANGES if slices is None else range_key(_check_range(slices))
         async with self._journal.pool.connection() as conn:
             await conn.execute(
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
@@ -123,9 +127,10 @@ class ProjectionManagement:
         await self._set_paused(name, slice_range, False)
 
     async def is_paused(self, name: str, slice_range: SliceRange) -> bool:
-        """True if the projection as a whole or this range is paused."""
+        """True if the projection as a whole, or a paused range overlapping this one, is."""
+        validate_name(name)
         async with self._journal.pool.connection() as conn:
-            return await is_paused(conn, self._sql, name, range_key(slice_range))
+            return await is_paused(conn, self._sql, name, _check_range(slice_range))
 
     async def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
@@ -134,13 +139,20 @@ class ProjectionManagement:
 
         Takes effect when instances (re)start; pause or stop them first.
         """
+        if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
+            raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
+        _check_range(slices)
         async with self._journal.pool.connection() as conn, conn.transaction():
             await OffsetDao(self._journal.tables, validate_name(name)).set_start(
                 conn, range_key(slices), slices, timestamp
             )
 
     async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
-        """Forget the projection's offsets: it restarts from the beginning of the journal."""
+        """Forget the projection's offsets: it restarts from the beginning of the journal.
+
+        Takes effect when instances (re)start; stop them first.
+        """
+        _check_range(slices)
         async with self._journal.pool.connection() as conn:
             await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
 
@@ -154,14 +166,15 @@ class ProjectionManagement:
         out = []
         async with self._journal.pool.connection() as conn:
             for r in rs:
-                cur = await conn.execute(self._sql.latest_offset, (name, r.min_slice, r.max_slice))
-                latest = (await cur.fetchone() or (None,))[0]
+                cur = await conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
+                latest, earliest, slices_with_rows = await cur.fetchone() or (None, None, 0)
+                resume_from = earliest if slices_with_rows == len(r) else None
                 cur = await conn.execute(
                     self._sql.head, {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type}
                 )
                 head = (await cur.fetchone() or (None,))[0]
-                paused = await is_paused(conn, self._sql, name, range_key(r))
-                out.append(RangeStatus(r, latest, head, paused))
+                paused = await is_paused(conn, self._sql, name, r)
+                out.append(RangeStatus(r, latest, head, paused, resume_from))
         return out
 
     async def dead_letters(self, name: str) -> list[DeadLetter]:
@@ -172,8 +185,21 @@ class ProjectionManagement:
 
 
 async def is_paused(
-    conn: AsyncConnection[Any], statements: ManagementSql, name: str, key: str
+    conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
 ) -> bool:
-    cur = await conn.execute(statements.paused, (name, ALL_RANGES, key))
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
+    cur = await conn.execute(statements.paused_keys, (name,))
+    for (key,) in await cur.fetchall():
+        if key == ALL_RANGES:
+            return True
+        lo, _, hi = key.partition("-")
+        overlaps = lo.isdigit() and hi.isdigit() and int(lo) <= slices.max_slice
+        if overlaps and slices.min_slice <= int(hi):
+            return True
+    return False
+
+
+def _check_range(slices: object) -> SliceRange:
+    if not isinstance(slices, SliceRange):
+        raise InvalidArgument(f"expected a SliceRange, got {type(slices).__name__}")
+    return slices

@@ -183,7 +183,8 @@ class OffsetState:
         For an unknown pid with seq_nr > 1 the answer depends on when its
         previous event was written: the first call returns
         NEEDS_PREVIOUS_TIMESTAMP and the caller asks again with
-        `previous_timestamp` (None if that event is deleted or gone).
+        `previous_timestamp` (None if that event is deleted or gone). For a
+        known pid, None after a gap means the missing events are deleted: accepted.
         """
         start = self._start_by_slice.get(slice_)
         if start is not None and timestamp < start:
@@ -194,6 +195,8 @@ class OffsetState:
                 return DUPLICATE
             if seq_nr == known + 1:
                 return ACCEPTED
+            if previous_timestamp is None:
+                return ACCEPTED  # the missing events were deleted: nothing to apply first
             return Validation(Verdict.GAP, known + 1, seq_nr - 1)
         window_start = self._window_start(slice_)
         if window_start is not None and timestamp < window_start:

@@ -475,7 +475,7 @@ class Projection:
 
     async def _paused(self) -> bool:
         async with self.journal.pool.connection() as conn:
-            return await is_paused(conn, self._management, self.name, self.key)
+            return await is_paused(conn, self._management, self.name, self.slice_range)
 
     async def _cleanup(self) -> None:
         async with self.journal.pool.connection() as conn:
