@@ -111,7 +111,7 @@ class JsonSerializer:
             raise SerializationError(f"cannot encode {cls.__qualname__} as JSON: {e}") from e
 
     def from_bytes(self, data: bytes, manifest: str) -> Any:
-        decoded = json.loads(bytes(data))
+        decoded = json.loads(bytes(data).decode("utf-8"))
         if not manifest:
             return decoded
         cls = self._by_name.get(manifest)

@@ -238,6 +238,14 @@ class Projection:
                 if now >= next_cleanup:
                     next_cleanup = now + self.settings.cleanup_interval.total_seconds()
                     await self._cleanup()
+                if not queue.empty():
+                    # The common case while busy: no task and no wait per envelope.
+                    await self._handle(queue.get_nowait())
+                    if loop.time() >= self._flush_due():
+                        await self._flush()
+                    if pump.done():
+                        self._raise_stream_failure(pump)
+                    continue
                 timeout = max(0.0, min(next_poll, self._flush_due()) - loop.time())
                 get = loop.create_task(queue.get())
                 done, _ = await asyncio.wait(
@@ -250,15 +258,16 @@ class Projection:
                     with contextlib.suppress(asyncio.CancelledError):
                         await get
                 if pump in done:
-                    exc = pump.exception()
-                    raise ProjectionError(
-                        f"slice stream of {self.name} {self.key} failed: {exc}"
-                    ) from exc
+                    self._raise_stream_failure(pump)
                 if loop.time() >= self._flush_due():
                     await self._flush()
             await self._flush()
         finally:
             stop_wait.cancel()
+
+    def _raise_stream_failure(self, pump: asyncio.Task[None]) -> None:
+        exc = pump.exception()
+        raise ProjectionError(f"slice stream of {self.name} {self.key} failed: {exc}") from exc
 
     # -- per envelope -----------------------------------------------------------------------
 

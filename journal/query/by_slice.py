@@ -220,6 +220,10 @@ class BySliceQuery:
         bt = self.settings.backtracking
         if not (self.live and bt.enabled) or self.latest.timestamp == EPOCH:
             return False
+        if self.latest.read_timestamp - self.latest.timestamp > bt.window:
+            # Catching up far behind the clock: nothing back there can still
+            # commit late, and re-reading it would duplicate the whole backlog.
+            return False
         if self._idle_polls >= IDLE_POLLS_BEFORE_BACKTRACKING:
             return True
         if self._rows_since_backtracking >= BACKTRACKING_AFTER_BUFFERS * self.settings.buffer_size:
@@ -233,8 +237,10 @@ class BySliceQuery:
 
     def _start_backtracking(self) -> None:
         bt = self.settings.backtracking
-        if self.latest_backtracking is None:
-            first = self.latest.timestamp - (bt.window + bt.behind_current_time)
+        first = self.latest.timestamp - (bt.window + bt.behind_current_time)
+        if self.latest_backtracking is None or self.latest_backtracking.timestamp < first:
+            # Never further back than a window: after a catch-up the previous
+            # backtracking position may be far behind.
             self.latest_backtracking = TimestampOffset(max(first, EPOCH), EPOCH, {})
             self._bt_seen = {}
         self.backtracking = True

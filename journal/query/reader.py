@@ -108,29 +108,31 @@ class SliceReader:
                         machine.on_buckets(await cur.fetchall())
                 else:
                     source = "backtracking" if request.backtracking else "query"
-                    rows = self._rows(entity_type, min_slice, max_slice, request)
-                    async with contextlib.aclosing(rows):
-                        async for row in rows:
-                            offset_ = machine.on_row(row, row[-1], loop.time())
-                            if offset_ is not None:
-                                yield row_to_envelope(
-                                    row, self._registry, source=source, offset=offset_
-                                )
+                    registry = self._registry
+                    batches = self._batches(entity_type, min_slice, max_slice, request)
+                    async with contextlib.aclosing(batches):
+                        async for batch in batches:
+                            now = loop.time()
+                            for row in batch:
+                                offset_ = machine.on_row(row, row[-1], now)
+                                if offset_ is not None:
+                                    yield row_to_envelope(
+                                        row, registry, source=source, offset=offset_
+                                    )
                     machine.on_rows_done(loop.time())
         finally:
             if sub is not None and self._listener is not None:
                 self._listener.unsubscribe(sub)
 
-    async def _rows(
+    async def _batches(
         self, entity_type: str, min_slice: int, max_slice: int, request: RowsQuery
-    ) -> AsyncGenerator[Any, None]:
+    ) -> AsyncGenerator[list[Any], None]:
         statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
         if request.limit is not None:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(statement, params)
                 rows = await cur.fetchall()
-            for row in rows:
-                yield row
+            yield rows
             return
         async with (
             self._pool.connection() as conn,
@@ -139,8 +141,7 @@ class SliceReader:
         ):
             await cur.execute(statement, params)
             while rows := await cur.fetchmany(self._settings.buffer_size):
-                for row in rows:
-                    yield row
+                yield rows
 
     async def _wait(self, machine: BySliceQuery, request: Wait, sub: Any) -> None:
         loop = asyncio.get_running_loop()

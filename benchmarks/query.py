@@ -1,0 +1,441 @@
+"""Slice queries: catch-up throughput against raw psycopg, and live latency.
+
+    .venv/bin/python benchmarks/query.py [--dsn DSN] [--events 200000] [--rounds 6]
+                                         [--live-seconds 15] [--rate 200] [--quick]
+
+Catch-up: `--events` events (5,000 persistence ids with random entity ids, so
+spread over all 1024 slices; gap-free seq_nrs; payload `{"amount": n, "note":
+"deposit"}` as JSON, serializer 31, manifest '') are inserted set-based with
+db_timestamps spread evenly over the 5 minutes before now, then `VACUUM ANALYZE`.
+The four ranges of `slice_ranges(4)` are read **one after the other** (sequentially)
+by each variant, and the rate is all events / total time:
+
+- raw: one psycopg `AsyncConnection` (autocommit), per range
+  `SELECT <the journal's 13 envelope columns>, transaction_timestamp() FROM
+  event_journal WHERE entity_type = .. AND slice BETWEEN .. ORDER BY db_timestamp,
+  seq_nr`, every row fetched (`fetchall`); the payload is NOT decoded.
+- raw+json: the same, plus `json.loads` of every payload.
+- journal: `Journal.current_events_by_slices` with default `QuerySettings`
+  (buffer_size 1000), every envelope consumed (payload decoded to a dict).
+
+Variants are interleaved (the order rotates each round) because the 2-core
+machine is shared and noisy; the best run of each is compared. Goal:
+journal / raw >= 0.7.
+
+Live: a writer appends single events to random ones of 1,000 ids at a steady
+`--rate` for `--live-seconds`, while one `events_by_slices` stream over slices
+0..1023 (default settings: behind_current_time 100 ms, refresh_interval 3 s) runs
+in the same process. Latency = monotonic time from `append` returning to the
+envelope arriving from the stream, matched by (pid, seq_nr); backtracking
+re-deliveries are ignored; the first second is warm-up. Three journals, each in a
+fresh schema: notifications on (defaults), query notifications off
+(`QuerySettings(notifications=False)`) and `JournalSettings(notify=False)`.
+Goal: p99 <= 200 ms with notifications on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from _common import (
+    add_dsn_argument,
+    best,
+    bulk_insert_events,
+    checkpoint,
+    command_line,
+    database,
+    drop_schema,
+    format_ms,
+    format_rate,
+    format_ratio,
+    fresh_schema,
+    machine_description,
+    percentile,
+    print_table,
+    server_description,
+    spread,
+)
+from psycopg import sql
+
+from journal import Journal, JournalSettings, QuerySettings, SliceRange, slice_ranges
+from journal.rows import envelope_columns
+from journal.schema import apply_schema
+from journal.tables import Tables
+
+ENTITY_TYPE = "Bench"
+PIDS = 5_000
+SPAN_SECONDS = 300.0
+RANGES = 4
+PAYLOAD_COLUMN = 12  # event_payload in envelope_columns()
+CATCH_UP_GOAL = 0.7
+LIVE_PIDS = 1_000
+LIVE_WARMUP = 1.0
+LIVE_DRAIN = 8.0  # after the writer stops, wait this long at most for the last envelopes
+LATENCY_GOAL = 0.200
+
+RAW = "raw"
+RAW_JSON = "raw+json"
+JOURNAL = "journal"
+CATCH_UP_VARIANTS = (RAW, RAW_JSON, JOURNAL)
+
+
+@dataclass(frozen=True)
+class Config:
+    events: int
+    rounds: int
+    live_seconds: float
+    rate: float
+
+
+# -- catch-up ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    events: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.events / self.seconds
+
+
+def raw_statement(tables: Tables) -> sql.Composed:
+    """The journal's select list (payload included) with only the range predicate."""
+    return sql.SQL(
+        "SELECT {columns}, transaction_timestamp() FROM {journal} "
+        "WHERE entity_type = %s AND slice BETWEEN %s AND %s ORDER BY db_timestamp, seq_nr"
+    ).format(columns=envelope_columns(), journal=tables.journal)
+
+
+async def run_raw(
+    conn: psycopg.AsyncConnection[Any], tables: Tables, ranges: list[SliceRange], *, decode: bool
+) -> tuple[Run, list[int]]:
+    statement = raw_statement(tables)
+    counts = []
+    start = time.perf_counter()
+    for r in ranges:
+        cur = await conn.execute(statement, (ENTITY_TYPE, r.min_slice, r.max_slice))
+        rows = await cur.fetchall()
+        if decode:
+            for row in rows:
+                json.loads(row[PAYLOAD_COLUMN])
+        counts.append(len(rows))
+    return Run(sum(counts), time.perf_counter() - start), counts
+
+
+async def run_journal(journal: Journal, ranges: list[SliceRange]) -> tuple[Run, list[int]]:
+    counts = []
+    start = time.perf_counter()
+    for r in ranges:
+        n = 0
+        async for env in journal.current_events_by_slices(ENTITY_TYPE, r.min_slice, r.max_slice):
+            if n == 0 and not isinstance(env.event, dict):
+                raise RuntimeError(f"payload not decoded: {env!r}")
+            n += 1
+        counts.append(n)
+    return Run(sum(counts), time.perf_counter() - start), counts
+
+
+async def catch_up(dsn: str, config: Config) -> dict[str, list[Run]]:
+    schema = fresh_schema("bench_query")
+    settings = JournalSettings(schema=schema)
+    tables = Tables(settings)
+    ranges = slice_ranges(RANGES)
+    events_per_pid = max(1, config.events // PIDS)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apply_schema(conn, settings)
+            started = time.perf_counter()
+            total = await bulk_insert_events(
+                conn,
+                tables.journal,
+                entity_type=ENTITY_TYPE,
+                pids=PIDS,
+                events_per_pid=events_per_pid,
+                span_seconds=SPAN_SECONDS,
+            )
+            print(
+                f"  inserted {total:,} events ({PIDS:,} ids x {events_per_pid}) over the last "
+                f"{SPAN_SECONDS:g} s, VACUUM ANALYZE: {time.perf_counter() - started:.1f} s",
+                flush=True,
+            )
+            # Warm the cache (and check the data) with one untimed raw pass.
+            _, expected = await run_raw(conn, tables, ranges, decode=False)
+            print(f"  events per range: {', '.join(f'{n:,}' for n in expected)}", flush=True)
+            if sum(expected) != total:
+                raise RuntimeError(f"{sum(expected)} rows in the ranges, {total} inserted")
+            async with Journal.connect(dsn, settings) as journal:
+                results: dict[str, list[Run]] = {v: [] for v in CATCH_UP_VARIANTS}
+                for round_ in range(config.rounds):
+                    shift = round_ % len(CATCH_UP_VARIANTS)
+                    order = CATCH_UP_VARIANTS[shift:] + CATCH_UP_VARIANTS[:shift]
+                    for variant in order:
+                        await checkpoint(dsn)
+                        if variant == JOURNAL:
+                            run, counts = await run_journal(journal, ranges)
+                        else:
+                            run, counts = await run_raw(
+                                conn, tables, ranges, decode=variant == RAW_JSON
+                            )
+                        if counts != expected:
+                            raise RuntimeError(f"{variant}: read {counts}, expected {expected}")
+                        results[variant].append(run)
+                        print(
+                            f"  round {round_ + 1}  {variant:<9}{format_rate(run.per_second):>10} "
+                            f"events/s  ({run.seconds:.2f} s)",
+                            flush=True,
+                        )
+        return results
+    finally:
+        await drop_schema(dsn, schema)
+
+
+def print_catch_up(results: dict[str, list[Run]]) -> float:
+    rates = {v: [r.per_second for r in runs] for v, runs in results.items()}
+    journal = best(rates[JOURNAL])
+    rows = []
+    for variant in CATCH_UP_VARIANTS:
+        b = best(rates[variant])
+        rows.append(
+            [
+                variant,
+                format_rate(b),
+                f"{1e6 / b:.1f}",
+                format_ratio(journal / b),
+                f"{spread(rates[variant]):.0%}",
+            ]
+        )
+    print_table(["variant", "best events/s", "us/event", "journal/this", "spread"], rows)
+    paired = [
+        j.per_second / r.per_second for j, r in zip(results[JOURNAL], results[RAW], strict=True)
+    ]
+    print(f"per round journal/raw: {', '.join(map(format_ratio, paired))}")
+    return journal / best(rates[RAW])
+
+
+# -- live latency ---------------------------------------------------------------------------
+
+
+@dataclass
+class Live:
+    appended: dict[tuple[str, int], float] = field(default_factory=dict)
+    arrived: dict[tuple[str, int], float] = field(default_factory=dict)
+    backtracking: int = 0
+    measured_from: float = 0.0
+    pending: set[tuple[str, int]] = field(default_factory=set)  # appended, not arrived
+    writer_done: bool = False
+    complete: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_appended(self, key: tuple[str, int], now: float) -> None:
+        self.appended[key] = now
+        if key not in self.arrived:
+            self.pending.add(key)
+
+    def on_arrived(self, key: tuple[str, int], now: float) -> None:
+        if key in self.arrived:
+            return
+        self.arrived[key] = now
+        self.pending.discard(key)
+        self.check_complete()
+
+    def check_complete(self) -> None:
+        if self.writer_done and not self.pending:
+            self.complete.set()
+
+    def latencies(self) -> list[float]:
+        return [
+            self.arrived[key] - t
+            for key, t in self.appended.items()
+            if t >= self.measured_from and key in self.arrived
+        ]
+
+    def missing(self) -> int:
+        return sum(key not in self.arrived for key in self.appended)
+
+
+LIVE_VARIANTS: dict[str, Callable[[str], JournalSettings]] = {
+    "notifications on": lambda schema: JournalSettings(schema=schema),
+    "query notifications off": lambda schema: JournalSettings(
+        schema=schema, query=QuerySettings(notifications=False)
+    ),
+    "notify=False": lambda schema: JournalSettings(schema=schema, notify=False),
+}
+
+
+async def consume(journal: Journal, live: Live) -> None:
+    loop = asyncio.get_running_loop()
+    stream = journal.events_by_slices(ENTITY_TYPE, 0, 1023)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for env in stream:
+            if env.source == "backtracking":
+                live.backtracking += 1
+                continue
+            live.on_arrived((env.persistence_id, env.seq_nr), loop.time())
+
+
+async def write_steadily(journal: Journal, live: Live, rate: float, seconds: float) -> None:
+    """Append one event every 1/rate s (absolute schedule: a slow append does not shift it)."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(7)
+    pids = [f"{ENTITY_TYPE}|live-{rng.getrandbits(64):016x}" for _ in range(LIVE_PIDS)]
+    seq = dict.fromkeys(pids, 0)
+    start = loop.time()
+    live.measured_from = start + LIVE_WARMUP
+    n = int(rate * seconds)
+    for i in range(n):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pid = rng.choice(pids)
+        event = {"amount": i % 100, "note": "deposit"}
+        await journal.append(pid, [event], expected_seq_nr=seq[pid])
+        seq[pid] += 1
+        live.on_appended((pid, seq[pid]), loop.time())
+    live.writer_done = True
+    live.check_complete()
+
+
+async def run_live(dsn: str, name: str, config: Config) -> Live:
+    schema = fresh_schema("bench_live")
+    settings = LIVE_VARIANTS[name](schema)
+    live = Live()
+    try:
+        async with Journal.connect(dsn, settings, create_schema=True) as journal:
+            await checkpoint(dsn)
+            reader = asyncio.create_task(consume(journal, live), name="consumer")
+            await asyncio.sleep(1.0)  # the stream is idle, the listener connected
+            await race(reader, write_steadily(journal, live, config.rate, config.live_seconds))
+            with contextlib.suppress(TimeoutError):
+                await race(reader, asyncio.wait_for(live.complete.wait(), LIVE_DRAIN))
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        return live
+    finally:
+        await drop_schema(dsn, schema)
+
+
+async def race(background: asyncio.Task[None], work: Awaitable[Any]) -> None:
+    """Await `work`, failing at once if `background` fails first."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait([task, background], return_when=asyncio.FIRST_COMPLETED)
+    if background in done:
+        task.cancel()
+        background.result()
+        raise RuntimeError("the stream ended on its own")
+    task.result()
+
+
+def live_row(name: str, live: Live) -> list[str]:
+    lat = live.latencies()
+    return [
+        name,
+        f"{len(live.appended):,}",
+        f"{len(lat):,}",
+        str(live.missing()),
+        format_ms(percentile(lat, 50)),
+        format_ms(percentile(lat, 90)),
+        format_ms(percentile(lat, 99)),
+        format_ms(max(lat) if lat else float("nan")),
+        str(live.backtracking),
+    ]
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+async def main_async(config: Config, dsn_arg: str | None) -> int:
+    started = time.perf_counter()
+    with database(dsn_arg) as db:
+        where = "embedded server (temporary directory)" if db.embedded else "--dsn"
+        print(f"database: {where}; {await server_description(db.dsn)}")
+        print(f"machine:  {machine_description()}")
+        print()
+        print(
+            f"== catch-up: current_events_by_slices over slice_ranges({RANGES}), ranges read "
+            f"sequentially; {config.rounds} interleaved round(s), best run shown",
+            flush=True,
+        )
+        results = await catch_up(db.dsn, config)
+        print()
+        ratio = print_catch_up(results)
+        print(
+            f"raw: fetchall of the same 14 columns, payload not decoded; raw+json: plus "
+            f"json.loads per row.\ngoal journal/raw >= {CATCH_UP_GOAL}: "
+            f"{'met' if ratio >= CATCH_UP_GOAL else 'NOT met'} ({format_ratio(ratio)})"
+        )
+        print()
+        print(
+            f"== live: {config.rate:g} single-event appends/s to random ones of {LIVE_PIDS:,} "
+            f"ids for {config.live_seconds:g} s, one events_by_slices(0..1023) stream; "
+            f"latency = append returned -> envelope arrived (first {LIVE_WARMUP:g} s excluded)",
+            flush=True,
+        )
+        lives = {}
+        for name in LIVE_VARIANTS:
+            lives[name] = await run_live(db.dsn, name, config)
+            lat = lives[name].latencies()
+            print(
+                f"  {name:<24} p50 {format_ms(percentile(lat, 50))}, "
+                f"p99 {format_ms(percentile(lat, 99))}",
+                flush=True,
+            )
+    print()
+    print_table(
+        ["variant", "appended", "measured", "missing", "p50", "p90", "p99", "max", "backtrack"],
+        [live_row(name, live) for name, live in lives.items()],
+    )
+    p99 = percentile(lives["notifications on"].latencies(), 99)
+    print(
+        "missing: appended events never delivered (should be 0); backtrack: backtracking "
+        "envelopes ignored."
+    )
+    print(
+        f"goal p99 <= {format_ms(LATENCY_GOAL)} with notifications on: "
+        f"{'met' if p99 <= LATENCY_GOAL else 'NOT met'} ({format_ms(p99)}); "
+        f"total time {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_dsn_argument(parser)
+    parser.add_argument("--events", type=int, default=200_000, help="catch-up events (200000)")
+    parser.add_argument("--rounds", type=int, default=6, help="catch-up rounds (default 6)")
+    parser.add_argument(
+        "--live-seconds", type=float, default=15.0, help="writer duration per live variant (15)"
+    )
+    parser.add_argument("--rate", type=float, default=200.0, help="live appends/s (200)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 20k events, 1 round, 4 s live runs"
+    )
+    args = parser.parse_args(argv)
+    if args.events < PIDS or args.rounds < 1 or args.live_seconds <= LIVE_WARMUP or args.rate <= 0:
+        parser.error(f"--events >= {PIDS}, --rounds >= 1, --live-seconds > 1, --rate > 0")
+    if args.quick:
+        config = Config(events=20_000, rounds=1, live_seconds=4.0, rate=args.rate)
+    else:
+        config = Config(args.events, args.rounds, args.live_seconds, args.rate)
+    return args, config
+
+
+def main() -> int:
+    args, config = parse_args()
+    print(f"$ {command_line()}", flush=True)
+    return asyncio.run(main_async(config, args.dsn))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
