@@ -22,18 +22,8 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
+from journal.demo import Deposited, Withdrawn  # the bank events of the demo
 from tests.pg import Row, fetch
-
-
-@attrs.frozen
-class Deposited:
-    amount: int
-
-
-@attrs.frozen
-class Withdrawn:
-    amount: int
-
 
 Event = Deposited | Withdrawn
 

@@ -23,18 +23,8 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
+from journal.demo import Deposited, Withdrawn  # the bank events of the demo
 from tests.pg import fetch
-
-
-@attrs.frozen
-class Deposited:
-    amount: int
-
-
-@attrs.frozen
-class Withdrawn:
-    amount: int
-
 
 DEPOSITED = "com.example.bank.Deposited"
 WITHDRAWN = "com.example.bank.Withdrawn"
