@@ -8,6 +8,7 @@ rows can later be fed to slice queries (Pekko's "start from snapshot").
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -124,7 +125,6 @@ class SnapshotStore:
             await conn.execute(self._delete, (pid,))
 
 
-def _from_millis(millis: int) -> Any:
-    from datetime import UTC, datetime
-
+def _from_millis(millis: int) -> datetime:
+    # Pekko stores write_timestamp as epoch milliseconds (BIGINT).
     return datetime.fromtimestamp(millis / 1000, tz=UTC)
