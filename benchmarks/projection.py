@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -55,28 +54,27 @@ from typing import Any
 
 import psycopg
 from _common import (
-    add_dsn_argument,
+    Config,
     best,
-    bulk_insert_events,
     checkpoint,
-    command_line,
     database,
     drop_schema,
-    format_ms,
     format_rate,
     format_ratio,
     fresh_schema,
-    machine_description,
-    percentile,
+    insert_catch_up_events,
+    latency_cells,
+    parse_live_args,
+    print_environment,
     print_table,
-    server_description,
+    run,
+    slice_select,
     spread,
+    write_steadily,
 )
 from psycopg import AsyncConnection, sql
 
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange, slice_ranges
-from journal.rows import envelope_columns
-from journal.schema import apply_schema
 from journal.tables import Tables
 from projections import Projection, ProjectionGroup, ProjectionSettings
 
@@ -95,14 +93,6 @@ COLUMN = {"pid": 0, "slice": 2, "seq_nr": 3, "db_timestamp": 4, "ser_id": 7, "pa
 RAW = "raw"
 PROJECTION = "projection"
 VARIANTS = (RAW, PROJECTION)
-
-
-@dataclass(frozen=True)
-class Config:
-    events: int
-    rounds: int
-    live_seconds: float
-    rate: float
 
 
 @dataclass(frozen=True)
@@ -172,10 +162,7 @@ def row_params(rows: list[Any]) -> tuple[list[Any], ...]:
 
 
 async def run_raw(dsn: str, tables: Tables, target: sql.Identifier, expected: int) -> Run:
-    select = sql.SQL(
-        "SELECT {columns}, transaction_timestamp() FROM {journal} "
-        "WHERE entity_type = %s AND slice BETWEEN %s AND %s ORDER BY db_timestamp, seq_nr"
-    ).format(columns=envelope_columns(), journal=tables.journal)
+    select = slice_select(tables)
     insert = insert_statement(target)
     ranges = slice_ranges(INSTANCES)
     readers = [await AsyncConnection.connect(dsn, autocommit=True) for _ in ranges]
@@ -297,24 +284,16 @@ async def catch_up(dsn: str, config: Config) -> dict[str, list[Run]]:
     settings = JournalSettings(schema=schema)
     tables = Tables(settings)
     target = sql.Identifier(schema, "applied")
-    events_per_pid = max(1, config.events // PIDS)
     try:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await apply_schema(conn, settings)
-            started = time.perf_counter()
-            total = await bulk_insert_events(
+            total = await insert_catch_up_events(
                 conn,
-                tables.journal,
+                settings,
                 entity_type=ENTITY_TYPE,
                 pids=PIDS,
-                events_per_pid=events_per_pid,
+                events=config.events,
                 span_seconds=SPAN_SECONDS,
             )
-        print(
-            f"  inserted {total:,} events ({PIDS:,} ids x {events_per_pid}) over the last "
-            f"{SPAN_SECONDS:g} s, VACUUM ANALYZE: {time.perf_counter() - started:.1f} s",
-            flush=True,
-        )
         results: dict[str, list[Run]] = {v: [] for v in VARIANTS}
         async with Journal.connect(dsn, settings) as journal:
             for round_ in range(config.rounds):
@@ -382,6 +361,9 @@ class Lag:
     writer_done: bool = False
     complete: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def on_appended(self, key: tuple[str, int], now: float) -> None:
+        self.appended[key] = now
+
     def on_commit(self, batch: str, now: float) -> None:
         for key in self.batches.pop(batch, ()):
             self.committed.setdefault(key, now)
@@ -409,27 +391,6 @@ async def listen(dsn: str, channel: str, lag: Lag, ready: asyncio.Event) -> None
         ready.set()
         async for notify in conn.notifies():
             lag.on_commit(notify.payload, loop.time())
-
-
-async def write_steadily(journal: Journal, lag: Lag, rate: float, seconds: float) -> None:
-    """Append one event every 1/rate s (absolute schedule: a slow append does not shift it)."""
-    loop = asyncio.get_running_loop()
-    rng = random.Random(7)
-    pids = [f"{ENTITY_TYPE}|live-{rng.getrandbits(64):016x}" for _ in range(LIVE_PIDS)]
-    seq = dict.fromkeys(pids, 0)
-    start = loop.time()
-    lag.measured_from = start + LIVE_WARMUP
-    for i in range(int(rate * seconds)):
-        delay = start + i / rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        pid = rng.choice(pids)
-        event = {"amount": i % 100, "note": "deposit"}
-        await journal.append(pid, [event], expected_seq_nr=seq[pid])
-        seq[pid] += 1
-        lag.appended[(pid, seq[pid])] = loop.time()
-    lag.writer_done = True
-    lag.check_complete()
 
 
 async def run_live(dsn: str, config: Config) -> Lag:
@@ -466,7 +427,15 @@ async def run_live(dsn: str, config: Config) -> Lag:
             await group.start()
             try:
                 await asyncio.sleep(1.0)  # streams idle, notification listener connected
-                await write_steadily(journal, lag, config.rate, config.live_seconds)
+                await write_steadily(
+                    journal,
+                    lag,
+                    config.rate,
+                    config.live_seconds,
+                    entity_type=ENTITY_TYPE,
+                    pids=LIVE_PIDS,
+                    warmup=LIVE_WARMUP,
+                )
                 with contextlib.suppress(TimeoutError):
                     await wait_or_fail(group, lag.complete, within=LIVE_DRAIN)
             finally:
@@ -487,16 +456,7 @@ def print_live(lag: Lag) -> None:
         ("committed", lag.committed),
     ):
         values = lag.since_append(times)
-        rows.append(
-            [
-                f"append -> {label}",
-                f"{len(values):,}",
-                format_ms(percentile(values, 50)),
-                format_ms(percentile(values, 90)),
-                format_ms(percentile(values, 99)),
-                format_ms(max(values) if values else float("nan")),
-            ]
-        )
+        rows.append([f"append -> {label}", f"{len(values):,}", *latency_cells(values)])
     print_table(["lag", "events", "p50", "p90", "p99", "max"], rows)
     sizes = lag.batch_sizes
     print(
@@ -512,9 +472,7 @@ def print_live(lag: Lag) -> None:
 async def main_async(config: Config, dsn_arg: str | None) -> int:
     started = time.perf_counter()
     with database(dsn_arg) as db:
-        where = "embedded server (temporary directory)" if db.embedded else "--dsn"
-        print(f"database: {where}; {await server_description(db.dsn)}")
-        print(f"machine:  {machine_description()}")
+        await print_environment(db)
         print()
         print(
             f"== catch-up: {INSTANCES} grouped exactly-once instances (group_after_envelopes="
@@ -545,32 +503,18 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_dsn_argument(parser)
-    parser.add_argument("--events", type=int, default=100_000, help="catch-up events (100000)")
-    parser.add_argument("--rounds", type=int, default=3, help="catch-up rounds (default 3)")
-    parser.add_argument(
-        "--live-seconds", type=float, default=15.0, help="writer duration of the live run (15)"
+    return parse_live_args(
+        __doc__,
+        events=100_000,
+        rounds=3,
+        live_seconds_help="writer duration of the live run (15)",
+        quick_events=10_000,
+        quick_help="smoke test: 10k events, 1 round, 4 s live run",
+        min_events=PIDS,
+        live_warmup=LIVE_WARMUP,
+        argv=argv,
     )
-    parser.add_argument("--rate", type=float, default=200.0, help="live appends/s (200)")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke test: 10k events, 1 round, 4 s live run"
-    )
-    args = parser.parse_args(argv)
-    if args.events < PIDS or args.rounds < 1 or args.live_seconds <= LIVE_WARMUP or args.rate <= 0:
-        parser.error(f"--events >= {PIDS}, --rounds >= 1, --live-seconds > 1, --rate > 0")
-    if args.quick:
-        config = Config(events=10_000, rounds=1, live_seconds=4.0, rate=args.rate)
-    else:
-        config = Config(args.events, args.rounds, args.live_seconds, args.rate)
-    return args, config
-
-
-def main() -> int:
-    args, config = parse_args()
-    print(f"$ {command_line()}", flush=True)
-    return asyncio.run(main_async(config, args.dsn))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(parse_args(), main_async))

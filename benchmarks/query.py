@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -48,28 +47,28 @@ from typing import Any
 
 import psycopg
 from _common import (
-    add_dsn_argument,
+    Config,
     best,
-    bulk_insert_events,
     checkpoint,
-    command_line,
     database,
     drop_schema,
     format_ms,
     format_rate,
     format_ratio,
     fresh_schema,
-    machine_description,
+    insert_catch_up_events,
+    latency_cells,
+    parse_live_args,
     percentile,
+    print_environment,
     print_table,
-    server_description,
+    run,
+    slice_select,
     spread,
+    write_steadily,
 )
-from psycopg import sql
 
 from journal import Journal, JournalSettings, QuerySettings, SliceRange, slice_ranges
-from journal.rows import envelope_columns
-from journal.schema import apply_schema
 from journal.tables import Tables
 
 ENTITY_TYPE = "Bench"
@@ -89,14 +88,6 @@ JOURNAL = "journal"
 CATCH_UP_VARIANTS = (RAW, RAW_JSON, JOURNAL)
 
 
-@dataclass(frozen=True)
-class Config:
-    events: int
-    rounds: int
-    live_seconds: float
-    rate: float
-
-
 # -- catch-up ----------------------------------------------------------------------------
 
 
@@ -110,18 +101,10 @@ class Run:
         return self.events / self.seconds
 
 
-def raw_statement(tables: Tables) -> sql.Composed:
-    """The journal's select list (payload included) with only the range predicate."""
-    return sql.SQL(
-        "SELECT {columns}, transaction_timestamp() FROM {journal} "
-        "WHERE entity_type = %s AND slice BETWEEN %s AND %s ORDER BY db_timestamp, seq_nr"
-    ).format(columns=envelope_columns(), journal=tables.journal)
-
-
 async def run_raw(
     conn: psycopg.AsyncConnection[Any], tables: Tables, ranges: list[SliceRange], *, decode: bool
 ) -> tuple[Run, list[int]]:
-    statement = raw_statement(tables)
+    statement = slice_select(tables)
     counts = []
     start = time.perf_counter()
     for r in ranges:
@@ -152,23 +135,15 @@ async def catch_up(dsn: str, config: Config) -> dict[str, list[Run]]:
     settings = JournalSettings(schema=schema)
     tables = Tables(settings)
     ranges = slice_ranges(RANGES)
-    events_per_pid = max(1, config.events // PIDS)
     try:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await apply_schema(conn, settings)
-            started = time.perf_counter()
-            total = await bulk_insert_events(
+            total = await insert_catch_up_events(
                 conn,
-                tables.journal,
+                settings,
                 entity_type=ENTITY_TYPE,
                 pids=PIDS,
-                events_per_pid=events_per_pid,
+                events=config.events,
                 span_seconds=SPAN_SECONDS,
-            )
-            print(
-                f"  inserted {total:,} events ({PIDS:,} ids x {events_per_pid}) over the last "
-                f"{SPAN_SECONDS:g} s, VACUUM ANALYZE: {time.perf_counter() - started:.1f} s",
-                flush=True,
             )
             # Warm the cache (and check the data) with one untimed raw pass.
             _, expected = await run_raw(conn, tables, ranges, decode=False)
@@ -284,28 +259,6 @@ async def consume(journal: Journal, live: Live) -> None:
             live.on_arrived((env.persistence_id, env.seq_nr), loop.time())
 
 
-async def write_steadily(journal: Journal, live: Live, rate: float, seconds: float) -> None:
-    """Append one event every 1/rate s (absolute schedule: a slow append does not shift it)."""
-    loop = asyncio.get_running_loop()
-    rng = random.Random(7)
-    pids = [f"{ENTITY_TYPE}|live-{rng.getrandbits(64):016x}" for _ in range(LIVE_PIDS)]
-    seq = dict.fromkeys(pids, 0)
-    start = loop.time()
-    live.measured_from = start + LIVE_WARMUP
-    n = int(rate * seconds)
-    for i in range(n):
-        delay = start + i / rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        pid = rng.choice(pids)
-        event = {"amount": i % 100, "note": "deposit"}
-        await journal.append(pid, [event], expected_seq_nr=seq[pid])
-        seq[pid] += 1
-        live.on_appended((pid, seq[pid]), loop.time())
-    live.writer_done = True
-    live.check_complete()
-
-
 async def run_live(dsn: str, name: str, config: Config) -> Live:
     schema = fresh_schema("bench_live")
     settings = LIVE_VARIANTS[name](schema)
@@ -315,7 +268,16 @@ async def run_live(dsn: str, name: str, config: Config) -> Live:
             await checkpoint(dsn)
             reader = asyncio.create_task(consume(journal, live), name="consumer")
             await asyncio.sleep(1.0)  # the stream is idle, the listener connected
-            await race(reader, write_steadily(journal, live, config.rate, config.live_seconds))
+            writer = write_steadily(
+                journal,
+                live,
+                config.rate,
+                config.live_seconds,
+                entity_type=ENTITY_TYPE,
+                pids=LIVE_PIDS,
+                warmup=LIVE_WARMUP,
+            )
+            await race(reader, writer)
             with contextlib.suppress(TimeoutError):
                 await race(reader, asyncio.wait_for(live.complete.wait(), LIVE_DRAIN))
             reader.cancel()
@@ -344,10 +306,7 @@ def live_row(name: str, live: Live) -> list[str]:
         f"{len(live.appended):,}",
         f"{len(lat):,}",
         str(live.missing()),
-        format_ms(percentile(lat, 50)),
-        format_ms(percentile(lat, 90)),
-        format_ms(percentile(lat, 99)),
-        format_ms(max(lat) if lat else float("nan")),
+        *latency_cells(lat),
         str(live.backtracking),
     ]
 
@@ -358,9 +317,7 @@ def live_row(name: str, live: Live) -> list[str]:
 async def main_async(config: Config, dsn_arg: str | None) -> int:
     started = time.perf_counter()
     with database(dsn_arg) as db:
-        where = "embedded server (temporary directory)" if db.embedded else "--dsn"
-        print(f"database: {where}; {await server_description(db.dsn)}")
-        print(f"machine:  {machine_description()}")
+        await print_environment(db)
         print()
         print(
             f"== catch-up: current_events_by_slices over slice_ranges({RANGES}), ranges read "
@@ -410,32 +367,18 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_dsn_argument(parser)
-    parser.add_argument("--events", type=int, default=200_000, help="catch-up events (200000)")
-    parser.add_argument("--rounds", type=int, default=6, help="catch-up rounds (default 6)")
-    parser.add_argument(
-        "--live-seconds", type=float, default=15.0, help="writer duration per live variant (15)"
+    return parse_live_args(
+        __doc__,
+        events=200_000,
+        rounds=6,
+        live_seconds_help="writer duration per live variant (15)",
+        quick_events=20_000,
+        quick_help="smoke test: 20k events, 1 round, 4 s live runs",
+        min_events=PIDS,
+        live_warmup=LIVE_WARMUP,
+        argv=argv,
     )
-    parser.add_argument("--rate", type=float, default=200.0, help="live appends/s (200)")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke test: 20k events, 1 round, 4 s live runs"
-    )
-    args = parser.parse_args(argv)
-    if args.events < PIDS or args.rounds < 1 or args.live_seconds <= LIVE_WARMUP or args.rate <= 0:
-        parser.error(f"--events >= {PIDS}, --rounds >= 1, --live-seconds > 1, --rate > 0")
-    if args.quick:
-        config = Config(events=20_000, rounds=1, live_seconds=4.0, rate=args.rate)
-    else:
-        config = Config(args.events, args.rounds, args.live_seconds, args.rate)
-    return args, config
-
-
-def main() -> int:
-    args, config = parse_args()
-    print(f"$ {command_line()}", flush=True)
-    return asyncio.run(main_async(config, args.dsn))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(parse_args(), main_async))
