@@ -59,6 +59,17 @@ async def assert_exact(j: Journal) -> None:
     assert balances == await bank.expected_balances(j)
 
 
+def whole_range(
+    factory: Any, j: Journal, handler: Any, *, name: str = "balances", **options: Any
+) -> Projection:
+    """One instance over all slices of the bank entity, with the fast test settings."""
+    options.setdefault("settings", FAST)
+    return factory(
+        j, name=name, entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+        handler=handler, **options,
+    )  # fmt: skip
+
+
 def exactly_once_group(j: Journal, n: int, **options: Any) -> ProjectionGroup:
     handler = bank.make_handler(j)
     return ProjectionGroup(
@@ -154,14 +165,8 @@ async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal
         if calls % 7 == 0:
             raise RuntimeError("flaky handler")
 
-    p = Projection.exactly_once(
-        j,
-        name="balances",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=flaky,
-        settings=FAST,
-        recovery=RecoveryStrategy.retry_and_fail(3, 0.01),
+    p = whole_range(
+        Projection.exactly_once, j, flaky, recovery=RecoveryStrategy.retry_and_fail(3, 0.01)
     )
     task = asyncio.create_task(p.run())
     await assert_exact(j)
@@ -177,13 +182,11 @@ async def test_failing_handler_fails_the_projection(bank_journal: Journal) -> No
     async def broken(conn: Any, env: Any) -> None:
         raise ValueError("cannot handle")
 
-    p = Projection.exactly_once(
+    p = whole_range(
+        Projection.exactly_once,
         j,
+        broken,
         name="b",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=broken,
-        settings=FAST,
         recovery=RecoveryStrategy.retry_and_fail(2, 0.01),
     )
     with pytest.raises(ProjectionError, match="cannot handle"):
@@ -203,14 +206,8 @@ async def test_retry_then_skip_writes_a_dead_letter(bank_journal: Journal) -> No
             raise ValueError("poison event")
         await inner(conn, env)
 
-    p = Projection.exactly_once(
-        j,
-        name="balances",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=picky,
-        settings=FAST,
-        recovery=RecoveryStrategy.retry_and_skip(1, 0.01),
+    p = whole_range(
+        Projection.exactly_once, j, picky, recovery=RecoveryStrategy.retry_and_skip(1, 0.01)
     )
     task = asyncio.create_task(p.run())
     for _ in range(200):
@@ -237,14 +234,7 @@ async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
     async def handler(env: Any) -> None:
         seen.append((env.persistence_id, env.seq_nr))
 
-    p = Projection.at_least_once(
-        j,
-        name="alo",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=handler,
-        settings=FAST,
-    )
+    p = whole_range(Projection.at_least_once, j, handler, name="alo")
     task = asyncio.create_task(p.run())
     total = await bank.journal_count(j)
     for _ in range(300):
@@ -259,14 +249,7 @@ async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
     assert len(first_run) == total
     seen.clear()
     await j.append(bank.account(100_000), [{"amount": 1}], expected_seq_nr=0)
-    p2 = Projection.at_least_once(
-        j,
-        name="alo",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=handler,
-        settings=FAST,
-    )
+    p2 = whole_range(Projection.at_least_once, j, handler, name="alo")
     task = asyncio.create_task(p2.run())
     for _ in range(300):
         if (bank.account(100_000), 1) in seen:
@@ -311,14 +294,7 @@ async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journa
     settings = ProjectionSettings(
         time_window=1.0, cleanup_interval=0.3, management_poll_interval=0.2, progress_interval=0.5
     )
-    p = Projection.exactly_once(
-        j,
-        name="balances",
-        entity_type=bank.ENTITY,
-        slice_range=SliceRange(0, 1023),
-        handler=bank.make_handler(j),
-        settings=settings,
-    )
+    p = whole_range(Projection.exactly_once, j, bank.make_handler(j), settings=settings)
     task = asyncio.create_task(p.run())
     writers = bank.Writers(j, 50, late_fraction=0.0, seed=7)
     writers.start(writers=2)
