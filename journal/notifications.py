@@ -37,6 +37,11 @@ MIN_SEND_INTERVAL = 0.01
 _MASK_DIGITS = 16
 
 
+def bucket_bit(slice_: int) -> int:
+    """The mask bit of the bucket holding `slice_`."""
+    return 1 << (slice_ // SLICES_PER_BUCKET)
+
+
 def bucket_mask(min_slice: int, max_slice: int) -> int:
     """The bucket mask covering an inclusive slice range."""
     mask = 0
@@ -89,9 +94,7 @@ class Notifier:
         """Record a committed change; it will be sent soon, merged with others."""
         if self._closed:
             return
-        self._pending[entity_type] = self._pending.get(entity_type, 0) | (
-            1 << (slice_ // SLICES_PER_BUCKET)
-        )
+        self._pending[entity_type] = self._pending.get(entity_type, 0) | bucket_bit(slice_)
         self._wakeup.set()
         self._idle.clear()
         if self._task is None:
@@ -180,8 +183,6 @@ class NotificationListener:
         self._subs: weakref.WeakSet[_Subscription] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
         self._conn: AsyncConnection[Any] | None = None
-        self.connected = asyncio.Event()
-        self.reconnects = 0
 
     def subscribe(self, entity_type: str, min_slice: int, max_slice: int) -> _Subscription:
         """A subscription whose `event` is set when a matching notification arrives."""
@@ -214,7 +215,6 @@ class NotificationListener:
                 conn = await self._connect()
                 self._conn = conn
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                self.connected.set()
                 backoff = 0.05
                 self._wake_all()
                 async for notify in conn.notifies():
@@ -224,12 +224,10 @@ class NotificationListener:
             except Exception as e:
                 _log.info("notification listener lost its connection (%s); reconnecting", e)
             finally:
-                self.connected.clear()
                 if self._conn is not None:
                     with contextlib.suppress(Exception):
                         await self._conn.close()
                     self._conn = None
-            self.reconnects += 1
             self._wake_all()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

@@ -8,7 +8,6 @@ the same way whichever query produced it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from psycopg import sql
@@ -83,8 +82,3 @@ def row_to_envelope(
         pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
         tuple(tags) if tags else (), metadata, writer, offset, source,
     )  # fmt: skip
-
-
-def offset_after(row: Row, read_timestamp: datetime) -> TimestampOffset:
-    """The offset of a single row, as if it were the only event seen at its timestamp."""
-    return TimestampOffset(row[ROW_DB_TIMESTAMP], read_timestamp, {row[ROW_PID]: row[ROW_SEQ_NR]})

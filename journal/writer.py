@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from journal.errors import ConcurrencyError, InvalidArgument, SerializationError
 from journal.model import EventEnvelope, SerializedPayload
-from journal.notifications import Notifier, send_notification
+from journal.notifications import Notifier, bucket_bit, send_notification
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables
@@ -176,7 +176,7 @@ class EventWriter:
                         conn,
                         self._tables.notify_channel,
                         batch.entity_type,
-                        1 << (batch.slice // 16),
+                        bucket_bit(batch.slice),
                     )
             if stored_at is None:
                 actual = await self.highest_seq_nr(batch.persistence_id, conn)

@@ -57,7 +57,7 @@ class OffsetDao:
         """Insert event records and progress markers (replacing older markers of those slices)."""
         if not records:
             return
-        marker_slices = [r.slice for r in records if r.is_marker and r.seq_nr == PROGRESS_SEQ_NR]
+        marker_slices = [r.slice for r in records if r.is_progress]
         if marker_slices:
             await conn.execute(
                 self._delete_markers,

@@ -50,7 +50,16 @@ class Record:
 
     @property
     def is_marker(self) -> bool:
+        """A progress or start marker rather than a handled event."""
         return self.persistence_id == PROGRESS_PID and self.seq_nr <= PROGRESS_SEQ_NR
+
+    @property
+    def is_progress(self) -> bool:
+        return self.persistence_id == PROGRESS_PID and self.seq_nr == PROGRESS_SEQ_NR
+
+    @property
+    def is_start(self) -> bool:
+        return self.persistence_id == PROGRESS_PID and self.seq_nr == START_SEQ_NR
 
 
 class Verdict(enum.Enum):
@@ -100,7 +109,7 @@ class OffsetState:
     # -- building ----------------------------------------------------------
 
     def _add(self, record: Record) -> None:
-        if record.seq_nr == START_SEQ_NR and record.persistence_id == PROGRESS_PID:
+        if record.is_start:
             current = self._start_by_slice.get(record.slice)
             if current is None or record.timestamp > current:
                 self._start_by_slice[record.slice] = record.timestamp

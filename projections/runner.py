@@ -387,7 +387,7 @@ class Projection:
         assert self._state is not None
         self._state.saved(records)
         self.stats.transactions += 1
-        if any(r.is_marker for r in records):
+        if any(r.is_progress for r in records):
             self._progress_saved_at = asyncio.get_running_loop().time()
 
     async def _run_with_recovery(

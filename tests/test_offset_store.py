@@ -198,10 +198,8 @@ class Store:
     def save(self, records: Sequence[Record]) -> None:
         for r in records:
             rows = self.by_slice.setdefault(r.slice, set())
-            if r.is_marker and r.seq_nr == PROGRESS_SEQ_NR:
-                rows.difference_update(
-                    [x for x in rows if x.is_marker and x.seq_nr == PROGRESS_SEQ_NR]
-                )
+            if r.is_progress:
+                rows.difference_update([x for x in rows if x.is_progress])
             rows.add(r)
 
     def cleanup(self, slices: SliceRange, window: timedelta) -> None:

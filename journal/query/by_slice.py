@@ -165,7 +165,6 @@ class BySliceQuery:
         self._buckets_complete = False
         self._current: RowsQuery | None = None
         self._rows = 0
-        self._emitted_total = 0
         self._last_full = True  # unknown position: count buckets before the first scan
         self._idle_polls = 0
         self._rows_since_backtracking = 0
@@ -346,7 +345,6 @@ class BySliceQuery:
         self.latest = TimestampOffset(ts, read_timestamp, self._latest_seen)
         self._scan_from = ts
         self._scan_seen = self._latest_seen
-        self._emitted_total += 1
         self._last_emit = now
         return self.latest
 
