@@ -43,7 +43,9 @@ from projections.offset_store import (
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
 
-_log = logging.getLogger(__name__)
+# Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
+# skips at WARNING/ERROR; see the README's "Logging" section.
+_log = logging.getLogger("slicejournal.projections.runner")
 
 Handler = Callable[[AsyncConnection[Any], EventEnvelope], Awaitable[None]]
 GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable[None]]
@@ -120,6 +122,7 @@ class Projection:
         self._batch_started = 0.0
         self._progress: datetime | None = None
         self._progress_saved_at = 0.0
+        self._was_paused = False
         validate_entity_type(entity_type)  # now, not later in the pump task
 
     # -- construction --------------------------------------------------------------
@@ -185,15 +188,25 @@ class Projection:
     async def run(self) -> None:
         """Project until `stop()`; raises `ProjectionError` if the handler keeps failing."""
         if self._running:
-            raise RuntimeError(f"projection {self.name} {self.key} is already running")
+            raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
-        self._stop.clear()
         loop = asyncio.get_running_loop()
         try:
+            if self._stop.is_set():  # stopped before it ever ran: a stop is never lost
+                _log.info("projection %s %s stopped before it started", self.name, self.key)
+                return
             async with self.journal.pool.connection() as conn:
                 records = await self._dao.load(conn, self.slice_range)
             self._state = OffsetState(self.settings.time_window, records)
             start = self._state.start_offset(self.slice_range)
+            _log.info(
+                "projection %s %s started (%s, entity type %r, resuming from %s)",
+                self.name,
+                self.key,
+                self.mode.value,
+                self.entity_type,
+                "the beginning" if start is None else start.timestamp.isoformat(),
+            )
             queue: asyncio.Queue[EventEnvelope] = asyncio.Queue(self.settings.buffer)
             pump = loop.create_task(self._pump(queue, start), name=f"pump {self.key}")
             try:
@@ -202,8 +215,25 @@ class Projection:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
+            _log.info(
+                "projection %s %s stopped: %d accepted, %d duplicates, %d gap events, %d skipped",
+                self.name,
+                self.key,
+                self.stats.accepted,
+                self.stats.duplicates,
+                self.stats.gaps_filled,
+                self.stats.skipped,
+            )
+        except asyncio.CancelledError:
+            _log.info("projection %s %s cancelled", self.name, self.key)
+            raise
+        except Exception as error:
+            _log.error("projection %s %s failed: %s", self.name, self.key, error)
+            raise
         finally:
             self._running = False
+            # Consumed: a later run() starts afresh, a stop() before it is kept.
+            self._stop.clear()
 
     async def _pump(self, queue: asyncio.Queue[EventEnvelope], start: Any) -> None:
         stream = self.journal.events_by_slices(
@@ -298,11 +328,20 @@ class Projection:
         if v.verdict is Verdict.GAP:
             # An earlier event of this pid has not come yet (it committed late,
             # or the range started after it): fetch and apply the missing ones.
+            filled = self.stats.gaps_filled
             async for missing in self.journal.current_events_by_persistence_id(
                 env.persistence_id, v.missing_from, v.missing_to
             ):
                 self.stats.gaps_filled += 1
                 await self._validate_and_process(missing)
+            _log.info(
+                "projection %s %s: gap before %r seq_nr %d filled with %d event(s)",
+                self.name,
+                self.key,
+                env.persistence_id,
+                env.seq_nr,
+                self.stats.gaps_filled - filled,
+            )
             v = state.validate(env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, None)
             if not v.accepted:
                 self.stats.duplicates += 1
@@ -484,7 +523,11 @@ class Projection:
 
     async def _paused(self) -> bool:
         async with self.journal.pool.connection() as conn:
-            return await is_paused(conn, self._management, self.name, self.slice_range)
+            paused = await is_paused(conn, self._management, self.name, self.slice_range)
+        if paused != self._was_paused:
+            self._was_paused = paused
+            _log.info("projection %s %s %s", self.name, self.key, "paused" if paused else "resumed")
+        return paused
 
     async def _cleanup(self) -> None:
         async with self.journal.pool.connection() as conn:

@@ -9,11 +9,13 @@ offsets, going 4 → 8 → 2 → 1 loses nothing and applies nothing twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import Callable
 
 from journal import SliceRange, slice_ranges
 from projections.runner import Projection, ProjectionStats
+
+_log = logging.getLogger("slicejournal.projections.scaling")
 
 
 class ProjectionGroup:
@@ -42,23 +44,30 @@ class ProjectionGroup:
         ]
 
     async def stop(self) -> None:
-        """Stop every instance after its in-flight batch; re-raises an instance's failure."""
+        """Stop every instance after its in-flight batch.
+
+        Raises the first instance failure (a `ProjectionError` when a handler
+        kept failing); every failure is logged with its projection and range.
+        """
         for p in self.projections:
             await p.stop()
         results = await asyncio.gather(*self._tasks, return_exceptions=True)
         self.finished.extend(p.stats for p in self.projections)
-        self._tasks = []
-        self.projections = []
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
-                raise r
+        self._tasks, self.projections = [], []
+        # Each failure was logged by its instance (projection, range, error).
+        failure = next((r for r in results if isinstance(r, Exception)), None)
+        if failure is not None:
+            raise failure
 
     async def rescale(self, instances: int) -> None:
         """Stop all instances and start `instances` new ones over the new ranges."""
         slice_ranges(instances)
+        before = self._instances
         await self.stop()
         self._instances = instances
         await self.start()
+        name = self.projections[0].name if self.projections else "?"
+        _log.info("projection %s rescaled from %d to %d instances", name, before, instances)
 
     def failed(self) -> BaseException | None:
         """The first failure among running instances, if any."""
@@ -75,6 +84,12 @@ class ProjectionGroup:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc is None:
+            await self.stop()  # an instance's failure surfaces here
+            return
+        # The block itself failed: that error wins, but an instance failure is still logged.
+        try:
             await self.stop()
+        except Exception as failure:
+            _log.error("while leaving the group after %r: %s", exc, failure)
