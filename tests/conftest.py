@@ -65,12 +65,38 @@ def fresh_schema_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
+def drop_test_schema(dsn: str, name: str) -> None:
+    """Drop a test's schema even if something the test left open still holds a lock in it.
+
+    A stream or transaction a test forgot to close would make `DROP SCHEMA`
+    wait forever; its backends are terminated first, and the drop itself
+    gives up after a few seconds rather than hang the suite.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '5s'")
+        for _ in range(3):
+            conn.execute(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l "
+                "JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND l.pid <> pg_backend_pid()",
+                (name,),
+            )
+            try:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+                return
+            except psycopg.errors.LockNotAvailable:
+                continue
+        raise RuntimeError(f"could not drop test schema {name}: still locked")
+
+
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
     name = fresh_schema_name()
     yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    drop_test_schema(pg_dsn, name)
 
 
 def fast_query_settings(**overrides: object) -> QuerySettings:

@@ -307,7 +307,10 @@ async def test_catch_up_query_uses_the_slice_index(pg_dsn: str, journal: Journal
             ).format(journal.tables.journal)
         )
         await conn.execute(psycopg.sql.SQL("ANALYZE {}").format(journal.tables.journal))
-        first = await anext(aiter(journal.current_events_by_slices(ENTITY, 0, 255)))
+        async with contextlib.aclosing(
+            journal.current_events_by_slices(ENTITY, 0, 255)  # type: ignore[type-var]
+        ) as stream:
+            first = await anext(aiter(stream))
         assert first.offset is not None
         query = RowsQuery(
             backtracking=False,
