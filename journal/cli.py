@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from journal.embedded import EmbeddedPostgres
 from journal.errors import JournalError
 from journal.journal import resolve_dsn
 from journal.settings import JournalSettings
+
+DEMO_SCHEMA = "slicejournal_demo"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 async def _init(dsn: str, settings: JournalSettings) -> None:
@@ -24,6 +28,29 @@ async def _init(dsn: str, settings: JournalSettings) -> None:
 
 def _settings(args: argparse.Namespace) -> JournalSettings:
     return JournalSettings(schema=args.schema)
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high], else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -49,17 +76,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicejournal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dsn", help="PostgreSQL DSN (default: $SLICEJOURNAL_DSN, else embedded)")
-    common.add_argument("--schema", default="public", help="schema name (default: public)")
-    p_init = sub.add_parser("init", parents=[common], help="create tables (idempotent)")
+    logs = argparse.ArgumentParser(add_help=False)
+    logs.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="log to stderr from this level on (default: warning; info shows the "
+        "projections' lifecycle)",
+    )
+    dsn = argparse.ArgumentParser(add_help=False, parents=[logs])
+    dsn.add_argument("--dsn", help="PostgreSQL DSN (default: $SLICEJOURNAL_DSN, else embedded)")
+    p_init = sub.add_parser("init", parents=[dsn], help="create tables (idempotent)")
+    p_init.add_argument("--schema", default="public", help="schema name (default: public)")
     p_init.set_defaults(func=cmd_init)
-    p_demo = sub.add_parser("demo", parents=[common], help="run the bank-account demo")
-    p_demo.add_argument("--accounts", type=int, default=200)
-    p_demo.add_argument("--events", type=int, default=4000)
-    p_demo.add_argument("--writers", type=int, default=8)
+    p_demo = sub.add_parser(
+        "demo",
+        parents=[dsn],
+        help="run the bank-account demo",
+        description="Writes bank-account events while a projection keeps a balances table, "
+        "rescaled 4 -> 8 -> 2, then verifies it. Runs only in a schema of its own, which it "
+        "creates and resets on every run; it refuses any other schema.",
+    )
+    p_demo.add_argument(
+        "--schema",
+        default=DEMO_SCHEMA,
+        help=f"the demo's own schema (default: {DEMO_SCHEMA}); created by the demo, "
+        "reset on every run, any other existing schema is refused",
+    )
+    p_demo.add_argument("--accounts", type=_bounded_int(1, 100_000), default=200,
+                        help="number of accounts (1..100000, default 200)")  # fmt: skip
+    p_demo.add_argument("--events", type=_bounded_int(10, 1_000_000), default=4000,
+                        help="events to write (10..1000000, default 4000)")  # fmt: skip
+    p_demo.add_argument("--writers", type=_bounded_int(1, 64), default=8,
+                        help="concurrent writers (1..64, default 8)")  # fmt: skip
     p_demo.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
     try:
         return int(args.func(args))
     except JournalError as e:

@@ -22,6 +22,8 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from journal.aggregate import AggregateRepository
+from journal.demo_schema import claim_demo_schema
+from journal.dsn import display_dsn
 from journal.journal import Journal
 from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
@@ -29,7 +31,7 @@ from journal.settings import JournalSettings
 from journal.slices import PersistenceId, slice_ranges
 
 ENTITY_TYPE = "Account"
-DEMO_SCHEMA = "slicejournal_demo"
+READ_MODEL_TABLE = "balances"
 
 
 @attrs.frozen
@@ -77,7 +79,7 @@ class BalancesReadModel:
     """The projection's target: one row per account, updated in the offset transaction."""
 
     def __init__(self, schema: str) -> None:
-        self.table = sql.Identifier(schema, "balances")
+        self.table = sql.Identifier(schema, READ_MODEL_TABLE)
         self.lags: list[float] = []
         self._upsert = sql.SQL(
             "INSERT INTO {t} (account, balance) VALUES (%s, %s) ON CONFLICT (account) "
@@ -108,17 +110,18 @@ class BalancesReadModel:
         return {a: b for a, b in await cur.fetchall()}
 
 
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` as `parts` counts that differ by at most one."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
     from projections import Projection, ProjectionGroup
 
-    if settings.schema == "public":
-        settings = attrs.evolve(settings, schema=DEMO_SCHEMA)
     async with Journal.connect(dsn, settings, serializers=bank_serializers()) as journal:
-        print(f"journal  PostgreSQL at {journal.dsn.split('?')[0]}..., schema {settings.schema!r}")
+        print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
         async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
-            await conn.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(settings.schema))
-            )
+            await claim_demo_schema(conn, settings, (READ_MODEL_TABLE,))
         await journal.create_schema()
         model = BalancesReadModel(settings.schema)
         async with journal.pool.connection() as conn:
@@ -130,9 +133,9 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
         pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(args.accounts)]
         expected: dict[str, int] = {}
         written = 0
-        per_writer = args.events // args.writers
-        total = per_writer * args.writers
-        milestones = {total // 3: asyncio.Event(), 2 * total // 3: asyncio.Event()}
+        total = args.events
+        # Rescale after a third and after two thirds of the events are written.
+        milestones = [(total // 3, asyncio.Event()), (2 * total // 3, asyncio.Event())]
 
         async def writer(seed: int, count: int) -> None:
             nonlocal written
@@ -142,8 +145,9 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
                 loaded = await repo.update(pid, decide(rng))
                 expected[pid] = loaded.state.balance
                 written += 1
-                if written in milestones:
-                    milestones[written].set()
+                for threshold, reached in milestones:
+                    if written >= threshold:
+                        reached.set()
 
         group = ProjectionGroup(
             lambda r: Projection.grouped(
@@ -157,9 +161,16 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
         )
         started = time.perf_counter()
         await group.start()
-        writers = asyncio.gather(*(writer(i, per_writer) for i in range(args.writers)))
-        for milestone, instances in zip(milestones.values(), (8, 2), strict=True):
-            await milestone.wait()
+        writers = asyncio.gather(
+            *(writer(i, n) for i, n in enumerate(split_evenly(total, args.writers)))
+        )
+        for (_, milestone), instances in zip(milestones, (8, 2), strict=True):
+            reached: asyncio.Future[Any] = asyncio.ensure_future(milestone.wait())
+            await asyncio.wait([reached, writers], return_when=asyncio.FIRST_COMPLETED)
+            reached.cancel()
+            if writers.done() and writers.exception() is not None:
+                await group.stop()
+                await writers  # raises the writer's error
             await group.rescale(instances)
             print(
                 f"rescale  {written} events written: projection now runs "
