@@ -6,19 +6,28 @@ The public API; everything not re-exported here is private.
         await journal.append("Account|1", [{"deposited": 10}], expected_seq_nr=0)
         async for env in journal.current_events_by_slices("Account", 0, 1023):
             ...
+
+Every error it raises is a `JournalError`: `ConnectionFailed` (server unreachable or
+refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
+`slicejournal init`), `InvalidArgument` / `InvalidSettings` / `InvalidPersistenceId`
+(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, and the
+(de)serialization and embedded-server errors.
 """
 
 from journal.aggregate import AggregateRepository, Loaded
 from journal.embedded import EmbeddedPostgres
 from journal.errors import (
     ConcurrencyError,
+    ConnectionFailed,
     DeserializationError,
     EmbeddedServerError,
     InvalidArgument,
     InvalidPersistenceId,
     InvalidSettings,
     JournalError,
+    SchemaNotInitialized,
     SerializationError,
+    UnknownProjection,
 )
 from journal.journal import Journal
 from journal.model import NOT_LOADED, EventEnvelope, SerializedPayload, Snapshot, TimestampOffset
@@ -45,6 +54,7 @@ __all__ = [
     "BacktrackingSettings",
     "BytesSerializer",
     "ConcurrencyError",
+    "ConnectionFailed",
     "DeserializationError",
     "EmbeddedPostgres",
     "EmbeddedServerError",
@@ -59,6 +69,7 @@ __all__ = [
     "Loaded",
     "PersistenceId",
     "QuerySettings",
+    "SchemaNotInitialized",
     "SerializationError",
     "SerializedPayload",
     "Serializer",
@@ -66,6 +77,7 @@ __all__ = [
     "SliceRange",
     "Snapshot",
     "TimestampOffset",
+    "UnknownProjection",
     "entity_type_of",
     "slice_for",
     "slice_ranges",

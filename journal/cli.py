@@ -20,10 +20,18 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 async def _init(dsn: str, settings: JournalSettings) -> None:
     import psycopg
 
+    from journal.connection import connect, describe, one_line
     from journal.schema import apply_schema
 
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await apply_schema(conn, settings)
+    # `connect` fails within settings.connect_timeout with a one-line ConnectionFailed
+    # (or InvalidArgument for a malformed DSN), password masked.
+    async with await connect(dsn, connect_timeout=settings.connect_timeout_seconds) as conn:
+        try:
+            await apply_schema(conn, settings)
+        except psycopg.Error as e:  # e.g. no CREATE privilege
+            raise JournalError(
+                f"cannot create schema {settings.schema!r} in {describe(conn)}: {one_line(e)}"
+            ) from None
 
 
 def _settings(args: argparse.Namespace) -> JournalSettings:
@@ -116,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except JournalError as e:
-        print(f"slicejournal: error: {e}", file=sys.stderr)
+        message = " ".join(line.strip() for line in str(e).splitlines())
+        print(f"slicejournal: error: {message}", file=sys.stderr)
         return 1
 
 

@@ -7,6 +7,8 @@ and so a message always names the thing that was wrong (pid, seq_nr, setting).
 
 from __future__ import annotations
 
+import shlex
+
 
 class JournalError(Exception):
     """Base class of every error raised by slicejournal."""
@@ -22,6 +24,40 @@ class InvalidSettings(JournalError, ValueError):
 
 class InvalidArgument(JournalError, ValueError):
     """An argument to a journal operation is out of range or of the wrong type."""
+
+
+class ConnectionFailed(JournalError):
+    """PostgreSQL could not be reached or refused the connection (host, port and reason named).
+
+    Raised within the `connect_timeout` of `JournalSettings` by `Journal.connect`,
+    `Journal.open` and `slicejournal init`; the message never contains the password.
+    """
+
+
+class SchemaNotInitialized(JournalError):
+    """A journal table does not exist: run `slicejournal init` (or pass `create_schema=True`)."""
+
+    def __init__(self, schema: str, table: str, where: str | None = None) -> None:
+        self.schema = schema
+        self.table = table
+        location = f" in {where}" if where else ""
+        super().__init__(
+            f"table {schema}.{table} does not exist{location}: the journal schema {schema!r} "
+            f"is not initialised; run `slicejournal init --dsn DSN --schema {shlex.quote(schema)}` "
+            "once, or pass create_schema=True to Journal.connect"
+        )
+
+
+class UnknownProjection(JournalError):
+    """No projection of that name ever stored an offset, was paused/resumed or dead-lettered."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown projection {name!r}: it has no stored offsets, no pause/resume entries "
+            "and no dead letters (check the name; a projection is known once it has "
+            "processed an event or been paused, resumed or given an offset)"
+        )
 
 
 class ConcurrencyError(JournalError):

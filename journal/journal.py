@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 
+from journal.connection import JournalPool, connect, ensure_schema
 from journal.embedded import DSN_ENV, EmbeddedPostgres
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
@@ -52,10 +51,12 @@ class Journal:
         self.settings = settings
         self.serializers = registry
         self.tables = Tables(settings)
-        self.pool: AsyncConnectionPool[AsyncConnection[Any]] = self._pool("slicejournal")
+        # The pools time out on connect and report a missing journal table as
+        # `SchemaNotInitialized` (journal/connection.py); a malformed DSN fails here.
+        self.pool = JournalPool(dsn, settings, "slicejournal")
         # Slice streams hold a connection while a catch-up chunk is consumed;
         # their own pool keeps them from starving writers and handlers.
-        self.read_pool: AsyncConnectionPool[AsyncConnection[Any]] = self._pool("slicejournal-read")
+        self.read_pool = JournalPool(dsn, settings, "slicejournal-read")
         channel = self.tables.notify_channel
         self._notifier = Notifier(channel, self._connect) if settings.notify else None
         self._listener = (
@@ -77,18 +78,8 @@ class Journal:
             self._listener,
         )
 
-    def _pool(self, name: str) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        return AsyncConnectionPool(
-            self.dsn,
-            kwargs={"autocommit": True},
-            min_size=self.settings.pool_min_size,
-            max_size=self.settings.pool_max_size,
-            open=False,
-            name=name,
-        )
-
     async def _connect(self) -> AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        return await connect(self.dsn, connect_timeout=self.settings.connect_timeout_seconds)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -101,12 +92,13 @@ class Journal:
         *,
         serializers: SerializerRegistry | None = None,
         create_schema: bool | None = None,
+        check_schema: bool = True,
     ) -> AsyncIterator[Journal]:
         """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`) start the embedded server.
 
         `create_schema` applies the DDL first; it defaults to True for the
         embedded server and False for a configured database (run
-        `slicejournal init` there).
+        `slicejournal init` there). Errors are typed and fail fast (see `open`).
         """
         settings = settings or JournalSettings()
         resolved = resolve_dsn(dsn)
@@ -118,7 +110,7 @@ class Journal:
                 create_schema = True
         try:
             journal = cls(resolved, settings, serializers or SerializerRegistry())
-            await journal.open(create_schema=bool(create_schema))
+            await journal.open(create_schema=bool(create_schema), check_schema=check_schema)
             try:
                 yield journal
             finally:
@@ -127,14 +119,30 @@ class Journal:
             if embedded is not None:
                 embedded.stop()
 
-    async def open(self, *, create_schema: bool = False) -> None:
-        """Open the pools (and apply the schema if asked)."""
-        if create_schema:
-            conn = await self._connect()
-            async with conn:
+    async def open(self, *, create_schema: bool = False, check_schema: bool = True) -> None:
+        """Connect once, apply or check the schema, then open the pools.
+
+        Fails fast, within `settings.connect_timeout`: `ConnectionFailed` if
+        the server cannot be reached, `InvalidArgument` for a malformed DSN,
+        `SchemaNotInitialized` if the journal table does not exist and
+        `create_schema` is False. `check_schema=False` skips that check, for a
+        caller that prepares the schema itself and then calls `create_schema()`;
+        a table still missing at first use is `SchemaNotInitialized` then.
+        """
+        conn = await self._connect()
+        async with conn:
+            if create_schema:
                 await apply_schema(conn, self.settings)
-        await self.pool.open(wait=True)
-        await self.read_pool.open(wait=True)
+            elif check_schema:
+                await ensure_schema(conn, self.tables)
+        pools = (self.pool, self.read_pool)
+        try:
+            for pool in pools:
+                await pool.open_checked()
+        except BaseException:
+            for pool in pools:
+                await pool.close()
+            raise
 
     async def close(self) -> None:
         """Send pending notifications, stop listening and close the pools."""

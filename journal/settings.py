@@ -8,6 +8,7 @@ Persistence R2DBC's, named in DESIGN.md.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -135,6 +136,15 @@ class JournalSettings:
     # Page size of current_persistence_ids and events_by_persistence_id.
     page_size: int = attrs.field(default=1000, validator=_positive_int)
     query: QuerySettings = attrs.field(factory=QuerySettings)
+    # How long opening one connection may take before `ConnectionFailed` (also bounds the
+    # wait for the pools to fill in `Journal.open`). PostgreSQL counts whole seconds, at
+    # least 2; it overrides any `connect_timeout` in the DSN.
+    connect_timeout: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+
+    @property
+    def connect_timeout_seconds(self) -> int:
+        """`connect_timeout` as libpq takes it: whole seconds, rounded up, at least 2."""
+        return max(2, math.ceil(self.connect_timeout.total_seconds()))
 
     def __attrs_post_init__(self) -> None:
         if self.pool_min_size > self.pool_max_size:

@@ -165,11 +165,16 @@ class SliceRange:
 
 
 def slice_ranges(number_of_ranges: int) -> list[SliceRange]:
-    """Split the 1024 slices into `number_of_ranges` equal ranges (n must divide 1024)."""
+    """Split the 1024 slices into `number_of_ranges` equal ranges (n must divide 1024).
+
+    Anything else raises `InvalidArgument` (a `ValueError`).
+    """
     if isinstance(number_of_ranges, bool) or not isinstance(number_of_ranges, int):
-        raise ValueError(f"number of ranges must be an int, got {type(number_of_ranges).__name__}")
+        raise InvalidArgument(
+            f"number of ranges must be an int, got {type(number_of_ranges).__name__}"
+        )
     if number_of_ranges < 1 or NUMBER_OF_SLICES % number_of_ranges:
-        raise ValueError(
+        raise InvalidArgument(
             f"number of ranges must be a positive divisor of {NUMBER_OF_SLICES} "
             f"(1, 2, 4, ..., 1024), got {number_of_ranges}"
         )

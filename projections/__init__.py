@@ -8,6 +8,7 @@ The public API; everything not re-exported here is private.
     await projection.run()          # until `await projection.stop()`
 """
 
+from journal.errors import UnknownProjection
 from projections.management import DeadLetter, ProjectionManagement, RangeStatus, range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -40,6 +41,7 @@ __all__ = [
     "RangeStatus",
     "Record",
     "RecoveryStrategy",
+    "UnknownProjection",
     "Validation",
     "Verdict",
     "range_key",

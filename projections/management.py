@@ -11,14 +11,14 @@ split into ranges is.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 from psycopg import AsyncConnection, sql
 
-from journal import InvalidArgument, Journal, SliceRange, slice_ranges
+from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
 from projections.offset_dao import OffsetDao
 
@@ -32,8 +32,11 @@ def range_key(slices: SliceRange) -> str:
 
 
 def validate_name(name: object) -> str:
+    """Return `name` if it can name a projection, else raise `InvalidArgument`."""
     if not isinstance(name, str) or not name or len(name) > 255 or "\x00" in name:
-        raise ValueError(f"projection name must be a non-empty str up to 255 chars, got {name!r}")
+        raise InvalidArgument(
+            f"projection name must be a non-empty str up to 255 chars, got {name!r}"
+        )
     return name
 
 
@@ -97,6 +100,11 @@ class ManagementSql:
             "  SELECT slice, max(timestamp_offset) AS latest FROM {o} "
             "  WHERE projection_name = %s AND slice BETWEEN %s AND %s GROUP BY slice) AS s"
         ).format(o=t.offset_store)
+        self.known = sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {o} WHERE projection_name = %(n)s) "
+            "OR EXISTS (SELECT 1 FROM {m} WHERE projection_name = %(n)s) "
+            "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s)"
+        ).format(o=t.offset_store, m=t.management, d=t.dead_letter)
         self.head = sql.SQL(
             "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
             "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
@@ -159,12 +167,20 @@ class ProjectionManagement:
     async def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
-        """Latest stored offset, journal head and paused state per slice range."""
+        """Latest stored offset, journal head and paused state per slice range.
+
+        Raises `UnknownProjection` if no projection of that name has stored an
+        offset, been paused or resumed, or dead-lettered an envelope: a typo in
+        the name is reported, not shown as a projection that never ran.
+        """
         validate_name(name)
         validate_entity_type(entity_type)
-        rs = slice_ranges(ranges) if isinstance(ranges, int) else list(ranges)
+        rs = slice_ranges(ranges) if isinstance(ranges, int) else _check_ranges(ranges)
         out = []
         async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.known, {"n": name})
+            if not (await cur.fetchone() or (False,))[0]:
+                raise UnknownProjection(name)
             for r in rs:
                 cur = await conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
                 latest, earliest, slices_with_rows = await cur.fetchone() or (None, None, 0)
@@ -197,6 +213,14 @@ async def is_paused(
         if overlaps and slices.min_slice <= int(hi):
             return True
     return False
+
+
+def _check_ranges(ranges: object) -> list[SliceRange]:
+    if isinstance(ranges, str | bytes | SliceRange) or not isinstance(ranges, Iterable):
+        raise InvalidArgument(
+            f"ranges must be a number of ranges or a sequence of SliceRange, got {ranges!r}"
+        )
+    return [_check_range(r) for r in ranges]
 
 
 def _check_range(slices: object) -> SliceRange:

@@ -29,7 +29,7 @@ import attrs
 from psycopg import AsyncConnection
 
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
-from journal.errors import JournalError
+from journal.errors import InvalidArgument, JournalError
 from journal.slices import validate_entity_type
 from projections.management import ManagementSql, is_paused, range_key, validate_name
 from projections.offset_dao import OffsetDao
@@ -98,9 +98,11 @@ class Projection:
         query_settings: QuerySettings | None = None,
     ) -> None:
         if not isinstance(slice_range, SliceRange):
-            raise TypeError(f"slice_range must be a SliceRange, got {type(slice_range).__name__}")
+            raise InvalidArgument(
+                f"slice_range must be a SliceRange, got {type(slice_range).__name__}"
+            )
         if not callable(handler):
-            raise TypeError("handler must be an async callable")
+            raise InvalidArgument("handler must be an async callable")
         self.journal = journal
         self.name = validate_name(name)
         self.entity_type = entity_type

@@ -26,6 +26,7 @@ from journal import (
     slice_for,
     slice_ranges,
 )
+from journal.errors import UnknownProjection
 from projections import (
     DeadLetter,
     Mode,
@@ -366,6 +367,11 @@ async def test_status_per_range(bank_journal: Journal) -> None:
     ].db_timestamp
     assert early < t < late
 
+    # A name nothing was ever stored for is reported, not shown as rows of None ...
+    with pytest.raises(UnknownProjection, match=NAME):
+        await mgmt.status(NAME, bank.ENTITY, ranges=4)
+    # ... but an operator's resume (or pause) before the first start makes it known.
+    await mgmt.resume(NAME)
     status = await mgmt.status(NAME, bank.ENTITY, ranges=4)
     assert [s.slice_range for s in status] == ranges
     assert [s.journal_head for s in status] == [late, None, early, None]

@@ -1,0 +1,206 @@
+"""The driver boundary: connecting to PostgreSQL with typed, one-line errors.
+
+Everything that opens a connection goes through `connect` (or a `JournalPool`),
+so an unreachable server, a bad password or a malformed DSN surfaces as a
+`ConnectionFailed` / `InvalidArgument` naming the host and port, never as a
+psycopg traceback, and never with the password in it. `JournalPool` also turns
+"relation does not exist" on one of the journal's own tables into
+`SchemaNotInitialized`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from journal.dsn import display_dsn
+from journal.errors import ConnectionFailed, InvalidArgument, SchemaNotInitialized
+from journal.settings import JournalSettings
+from journal.tables import Tables
+
+MASK = "***"
+
+# Where a password may sit in a DSN that cannot be parsed: `user:secret@` in a
+# URL-like string, or `password=secret` / `password='se cret'` in key=value form.
+_URL_SECRET = re.compile(r"(?<=:)([^:@/\s]+)(?=@)")
+_KV_SECRET = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
+
+
+def _secrets(dsn: str) -> list[str]:
+    """Every substring of `dsn` that may be a password (longest first)."""
+    found = {m.group(1) for m in _URL_SECRET.finditer(dsn)}
+    found |= {m.group(1) for m in _KV_SECRET.finditer(dsn)}
+    with contextlib.suppress(psycopg.Error):
+        password = conninfo_to_dict(dsn).get("password")
+        if password:
+            found.add(str(password))
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def mask_secrets(text: str, dsn: str) -> str:
+    """`text` with every password-like part of `dsn` replaced by `***`."""
+    for secret in _secrets(dsn):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def one_line(error: BaseException | str) -> str:
+    """A (possibly multi-line) driver message as one line, its lines as sentences."""
+    parts = [part.strip() for part in str(error).splitlines() if part.strip()]
+    return " ".join(
+        p if i == len(parts) - 1 or p[-1] in ".:;,!?" else p + "." for i, p in enumerate(parts)
+    )
+
+
+def parse_dsn(dsn: object) -> dict[str, Any]:
+    """The DSN's parameters, or `InvalidArgument` (password masked) if it is malformed."""
+    if not isinstance(dsn, str):
+        raise InvalidArgument(f"DSN must be a str, got {type(dsn).__name__}")
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.Error as e:
+        raise InvalidArgument(
+            f"invalid DSN {mask_secrets(dsn, dsn)!r}: {mask_secrets(one_line(e), dsn)}"
+        ) from None
+
+
+def server_address(params: dict[str, Any]) -> str:
+    """Host and port (or socket directory) a set of connection parameters points at."""
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST")
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    if not host:
+        return f"the default socket directory, port {port}"
+    if str(host).startswith("/"):
+        return f"socket directory {host}, port {port}"
+    return f"{host}:{port}"
+
+
+def describe(conn: AsyncConnection[Any]) -> str:
+    """Where an open connection points, as `database NAME at HOST:PORT` (for messages)."""
+    info = conn.info
+    return where_of({"dbname": info.dbname, "host": info.host, "port": str(info.port)})
+
+
+def where_of(params: dict[str, Any]) -> str:
+    """Where connection parameters point, as `database NAME at HOST:PORT` (for messages)."""
+    dbname = params.get("dbname") or os.environ.get("PGDATABASE")
+    database = f"database {dbname!r} at " if dbname else ""
+    return database + server_address(params)
+
+
+def connection_failed(dsn: str, error: BaseException | str) -> ConnectionFailed:
+    """A one-line `ConnectionFailed` for `error`, naming the server and never the password."""
+    params = parse_dsn(dsn)
+    reason = one_line(error)
+    for prefix in ("connection failed: ", "connection is bad: "):
+        reason = reason.removeprefix(prefix)
+    if not reason and isinstance(error, BaseException):
+        reason = type(error).__name__
+    return ConnectionFailed(
+        f"cannot connect to PostgreSQL at {server_address(params)} ({display_dsn(dsn)}): "
+        f"{mask_secrets(reason, dsn)}"
+    )
+
+
+async def connect(
+    dsn: str, *, connect_timeout: int, autocommit: bool = True
+) -> AsyncConnection[Any]:
+    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    parse_dsn(dsn)
+    try:
+        return await psycopg.AsyncConnection.connect(
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout
+        )
+    except psycopg.ProgrammingError as e:  # an option libpq rejects (bad value, unknown key)
+        raise InvalidArgument(
+            f"invalid DSN {display_dsn(dsn)!r}: {mask_secrets(one_line(e), dsn)}"
+        ) from None
+    except psycopg.OperationalError as e:
+        raise connection_failed(dsn, e) from None
+
+
+def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str | None:
+    """Which of the journal's tables the error is about, if any (a handler's own is not)."""
+    message = error.diag.message_primary or str(error)
+    s = tables.settings
+    for table in (
+        s.journal_table,
+        s.snapshot_table,
+        s.offset_table,
+        s.management_table,
+        s.dead_letter_table,
+    ):
+        # Not a prefix of a longer name: a handler's own "public.snapshot_x" is not ours.
+        if re.search(rf"(?<![\w$]){re.escape(f'{s.schema}.{table}')}(?![\w$])", message):
+            return table
+    return None
+
+
+@contextlib.contextmanager
+def schema_errors(tables: Tables, where: str | None = None) -> Iterator[None]:
+    """Turn "relation does not exist" on one of the journal's tables into `SchemaNotInitialized`."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as e:
+        table = _missing_table(tables, e)
+        if table is None:
+            raise
+        raise SchemaNotInitialized(tables.settings.schema, table, where) from e
+
+
+async def ensure_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
+    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
+    name = tables.journal.as_string(conn)
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        raise SchemaNotInitialized(
+            tables.settings.schema, tables.settings.journal_table, describe(conn)
+        )
+
+
+class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """A connection pool whose connections time out on connect and whose errors are typed."""
+
+    def __init__(self, dsn: str, settings: JournalSettings, name: str) -> None:
+        super().__init__(
+            dsn,
+            kwargs={"autocommit": True, "connect_timeout": settings.connect_timeout_seconds},
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            open=False,
+            name=name,
+        )
+        self._dsn = dsn
+        self._tables = Tables(settings)
+        self._where = where_of(parse_dsn(dsn))
+        self._open_timeout = settings.connect_timeout_seconds
+
+    async def open_checked(self) -> None:
+        """Open and wait for `min_size` connections, within the connect timeout."""
+        try:
+            await self.open(wait=True, timeout=self._open_timeout)
+        except PoolTimeout as e:
+            raise connection_failed(
+                self._dsn,
+                f"pool {self.name!r} could not open its {self.min_size} connection(s) "
+                f"within {self._open_timeout} s ({e}); is max_connections reached?",
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109  # the base class's signature
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`."""
+        with schema_errors(self._tables, self._where):
+            async with super().connection(timeout) as conn:
+                yield conn
