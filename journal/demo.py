@@ -118,7 +118,10 @@ def split_evenly(total: int, parts: int) -> list[int]:
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
     from projections import Projection, ProjectionGroup
 
-    async with Journal.connect(dsn, settings, serializers=bank_serializers()) as journal:
+    # The schema is checked (and claimed) below, before anything is written.
+    async with Journal.connect(
+        dsn, settings, serializers=bank_serializers(), check_schema=False
+    ) as journal:
         print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
         async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
             await claim_demo_schema(conn, settings, (READ_MODEL_TABLE,))

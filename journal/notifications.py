@@ -30,7 +30,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("slicejournal.journal.notifications")
 
 SLICES_PER_BUCKET = 16
 MIN_SEND_INTERVAL = 0.01

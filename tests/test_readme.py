@@ -1,0 +1,80 @@
+"""The README's examples run as written, twice in a row, so the README cannot rot.
+
+Each ```python block is saved as a file and run as a program in a fresh
+database that `slicejournal init` prepared — exactly what a user would do —
+then run again, because a user runs an example more than once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import conninfo, sql
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+
+
+def readme_examples() -> list[str]:
+    return BLOCK.findall(README.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def example_dsn(pg_dsn: str) -> Iterator[str]:
+    """A database of its own, created and dropped by this module."""
+    name = f"readme_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = conninfo.make_conninfo(pg_dsn, dbname=name)
+    try:
+        init = subprocess.run(
+            [sys.executable, "-m", "journal.cli", "init", "--dsn", dsn],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert init.returncode == 0, init.stderr
+        yield dsn
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def test_the_readme_has_examples() -> None:
+    assert len(readme_examples()) >= 3
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("index", range(len(readme_examples())))
+def test_readme_example_runs_as_written_twice(index: int, example_dsn: str, tmp_path: Path) -> None:
+    source = readme_examples()[index]
+    script = tmp_path / f"example_{index}.py"
+    script.write_text(source, encoding="utf-8")
+    env = {**os.environ, "SLICEJOURNAL_DSN": example_dsn}
+    for attempt in (1, 2):
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 0, (
+            f"README example {index + 1}, run {attempt}:\n{source}\n"
+            f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+        )
+        assert result.stdout.strip(), f"README example {index + 1} printed nothing"
+        assert "Traceback" not in result.stderr, result.stderr
