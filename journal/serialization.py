@@ -5,15 +5,56 @@ reader can pick the right decoder without guessing and a JVM service sharing
 the journal can do the same. Serializing happens in the caller's task, before
 any transaction opens, so a value that cannot be serialized never leaves a
 half-written batch behind.
+
+JSON payloads of registered classes
+-----------------------------------
+A registered attrs class or dataclass is written as one flat JSON object of its
+fields (attribute names as keys, in definition order), converted by one
+`cattrs.Converter` per `JsonSerializer`. Nested attrs classes and dataclasses
+become nested objects and come back as their classes; `datetime` is ISO 8601
+(with its UTC offset when it has one, without when it is naive, so it comes back
+as written), `date` ISO 8601, `UUID` its canonical string, `Decimal` a string
+(exact: `Decimal("1.10")` comes back as `Decimal("1.10")`), `bytes` standard
+base64, enums their value, tuples and sets JSON arrays, dicts JSON objects
+(`int` keys are read back as ints). Reading is strict about types (a string
+where an int is declared is an error, not a silent `int("5")`) and tolerant of
+unknown fields, which are ignored, as Pekko's Jackson setup does.
+
+Manifests and versions
+----------------------
+The manifest is the registered name, exactly as before versions existed, while
+a class is at version 1. From version 2 on it is `name#N` (`N` a decimal
+integer, no padding): this is the manifest Pekko's `JacksonSerializer` writes
+for a class with a `JacksonMigration`, and it reads it back by splitting at the
+last `#`, so a JVM service reading the same journal understands it, and rows
+written at version 1 keep their plain name. On read, `name` and `name#1` are
+version 1. A payload stored at version k below the registered version n is run
+through upcasters k, k+1, ..., n-1 (each turns the decoded JSON object of one
+version into the next) and then structured into the registered class; a
+payload newer than the registered version is refused, never guessed at.
+Aliases (old names of a renamed event) share the name's version numbering.
+Names may not contain `#`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
-from typing import Any, Final, Protocol, runtime_checkable
+import re
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Set as AbstractSet
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final, Protocol, TypeAlias, Union, get_args, get_origin, runtime_checkable
+from uuid import UUID
 
 import attrs
+import cattrs
+from cattrs.cols import is_mapping, mapping_structure_factory
+from cattrs.strategies import configure_union_passthrough
+from cattrs.v import format_exception
 
 from journal.errors import DeserializationError, SerializationError
 from journal.model import SerializedPayload
@@ -23,6 +64,11 @@ _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 BYTES_SERIALIZER_ID: Final = 4  # Pekko's ByteArraySerializer
 JSON_SERIALIZER_ID: Final = 31  # the id Pekko gives its Jackson JSON serializer
+
+_MAX_PROBLEMS: Final = 8  # structuring problems listed in one DeserializationError
+
+Upcaster: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
+"""Turns the decoded JSON object of version n of an event into its version n+1 shape."""
 
 
 @runtime_checkable
@@ -53,13 +99,27 @@ class BytesSerializer:
     id = BYTES_SERIALIZER_ID
 
     def manifest(self, value: Any) -> str:
+        """Always the empty manifest: bytes need no type to be rebuilt."""
         return ""
 
     def to_bytes(self, value: Any) -> bytes:
+        """The value's bytes, unchanged."""
         return bytes(value)
 
     def from_bytes(self, data: bytes, manifest: str) -> Any:
+        """The stored bytes, unchanged."""
         return bytes(data)
+
+
+@attrs.frozen
+class _Registration:
+    cls: type
+    name: str
+    version: int
+    manifest: str  # what the writer stores: `name` at version 1, else `name#version`
+    upcasters: tuple[Upcaster, ...]  # upcasters[n - 1] turns version n into n + 1
+    unstructure: Callable[[Any], Any]
+    structure: Callable[[Any, Any], Any]
 
 
 class JsonSerializer:
@@ -68,60 +128,378 @@ class JsonSerializer:
     Plain JSON values (dict, list, str, int, float, bool, None) get the empty
     manifest. A class must be registered under a stable name, which becomes its
     manifest, so renaming or moving the Python class does not orphan old events.
+    See the module docstring for the supported field types and the manifest format.
     """
 
     id = JSON_SERIALIZER_ID
 
     def __init__(self) -> None:
-        self._by_type: dict[type, str] = {}
-        self._by_name: dict[str, type] = {}
+        self._converter = _make_converter()
+        self._by_type: dict[type, _Registration] = {}
+        self._by_name: dict[str, _Registration] = {}  # names and aliases
+        # Every manifest a registration can read, precomputed (`name`, `name#1` ...
+        # `name#version`, the same for each alias), so decoding a row is one dict
+        # lookup and never parses the manifest; only unknown manifests are parsed.
+        self._readers: dict[str, tuple[_Registration, int]] = {}
 
-    def register(self, cls: type, name: str | None = None) -> None:
-        """Register an attrs class or dataclass under a stable manifest name."""
+    @property
+    def converter(self) -> cattrs.Converter:
+        """The cattrs converter; add hooks for your own field types before `register`."""
+        return self._converter
+
+    def register(
+        self,
+        cls: type,
+        name: str | None = None,
+        *,
+        version: int = 1,
+        upcasters: Mapping[int, Upcaster] | None = None,
+        aliases: Iterable[str] = (),
+    ) -> None:
+        """Register an attrs class or dataclass under a stable manifest name.
+
+        `version` is the version of the event's shape that `cls` has; from 2 on
+        it is written into the manifest as `name#version`. `upcasters[n]` turns a
+        version-n payload (the decoded JSON object) into the version-(n+1) shape
+        and must exist for every n in 1..version-1. `aliases` are older names
+        whose events are still read into `cls`; events are written under `name`.
+        Raises `SerializationError` for a bad class, name, version or upcaster
+        chain, or a name already taken by another class.
+        """
         if not (attrs.has(cls) or dataclasses.is_dataclass(cls)):
             raise SerializationError(
                 f"{cls.__qualname__} is neither an attrs class nor a dataclass"
             )
         name = name or f"{cls.__module__}.{cls.__qualname__}"
-        if not name:
-            raise SerializationError("manifest name must not be empty")
-        existing = self._by_name.get(name)
-        if existing is not None and existing is not cls:
+        names = list(dict.fromkeys((name, *aliases)))
+        for n in names:
+            if not isinstance(n, str) or not n:
+                raise SerializationError(f"manifest name {n!r} must be a non-empty string")
+            if "#" in n:
+                raise SerializationError(
+                    f"manifest name {n!r} must not contain '#': it separates the version"
+                )
+            existing = self._by_name.get(n)
+            if existing is not None and existing.cls is not cls:
+                raise SerializationError(
+                    f"manifest {n!r} is already registered for {existing.cls.__qualname__}"
+                )
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise SerializationError(
-                f"manifest {name!r} is already registered for {existing.__qualname__}"
+                f"version of {cls.__qualname__} ({name!r}) must be an int >= 1, got {version!r}"
             )
-        self._by_type[cls] = name
-        self._by_name[name] = cls
+        chain = _upcaster_chain(cls, name, version, upcasters or {})
+        try:
+            unstructure = self._converter.get_unstructure_hook(cls)
+            structure = self._converter.get_structure_hook(cls)
+        except Exception as e:
+            raise SerializationError(
+                f"cannot build a JSON converter for {cls.__qualname__} ({name!r}): "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        reg = _Registration(
+            cls=cls,
+            name=name,
+            version=version,
+            manifest=name if version == 1 else f"{name}#{version}",
+            upcasters=chain,
+            unstructure=unstructure,
+            structure=structure,
+        )
+        self._by_type[cls] = reg
+        for n in names:
+            previous = self._by_name.get(n)
+            if previous is not None:
+                for v in range(1, previous.version + 1):
+                    self._readers.pop(f"{n}#{v}", None)
+            self._by_name[n] = reg
+            self._readers[n] = (reg, 1)
+            for v in range(1, version + 1):
+                self._readers[f"{n}#{v}"] = (reg, v)
 
     def handles(self, value: Any) -> bool:
+        """Whether `value` is a registered class instance or a plain JSON value."""
         return type(value) in self._by_type or _is_plain_json(value)
 
     def manifest(self, value: Any) -> str:
-        return self._by_type.get(type(value), "")
+        """`name` (`name#version` from version 2) for a registered class, else `""`."""
+        reg = self._by_type.get(type(value))
+        return "" if reg is None else reg.manifest
 
     def to_bytes(self, value: Any) -> bytes:
-        cls = type(value)
-        if cls in self._by_type:
-            fields = attrs.asdict(value) if attrs.has(cls) else dataclasses.asdict(value)
-        else:
-            fields = value
+        """Compact UTF-8 JSON; raises `SerializationError` naming the value's type."""
+        reg = self._by_type.get(type(value))
         try:
+            fields = value if reg is None else reg.unstructure(value)
             return _ENCODER.encode(fields).encode("utf-8")
-        except (TypeError, ValueError) as e:
-            raise SerializationError(f"cannot encode {cls.__qualname__} as JSON: {e}") from e
+        except Exception as e:
+            raise SerializationError(
+                f"cannot encode {type(value).__qualname__} as JSON: {type(e).__name__}: {e}"
+            ) from e
 
     def from_bytes(self, data: bytes, manifest: str) -> Any:
-        decoded = json.loads(bytes(data).decode("utf-8"))
+        """Decode a payload, upcasting it first if it was stored at an older version.
+
+        Raises `DeserializationError` naming the manifest for invalid JSON, an
+        unknown manifest, a version newer than the registered one, a failing
+        upcaster, or fields that do not fit the class.
+        """
+        try:
+            decoded = json.loads(bytes(data).decode("utf-8"))
+        except ValueError as e:
+            raise DeserializationError(
+                f"payload with manifest {manifest!r} is not UTF-8 JSON: {e}"
+            ) from e
         if not manifest:
             return decoded
-        cls = self._by_name.get(manifest)
-        if cls is None:
+        entry = self._readers.get(manifest)
+        if entry is None:
+            entry = self._resolve_unlisted(manifest)
+        reg, stored = entry
+        if stored < reg.version:
+            decoded = _upcast(reg, manifest, stored, decoded)
+        upcast = f" (upcast from version {stored} to {reg.version})" if stored < reg.version else ""
+        if not isinstance(decoded, dict):
+            raise DeserializationError(
+                f"cannot read manifest {manifest!r} as {reg.cls.__qualname__}{upcast}: "
+                f"expected a JSON object, got {type(decoded).__name__}"
+            )
+        try:
+            return reg.structure(decoded, reg.cls)
+        except Exception as e:
+            found = cattrs.transform_error(e, format_exception=_format_exception)
+            problems = "; ".join(found[:_MAX_PROBLEMS])
+            if len(found) > _MAX_PROBLEMS:
+                problems += f"; and {len(found) - _MAX_PROBLEMS} more"
+            raise DeserializationError(
+                f"cannot read manifest {manifest!r} as {reg.cls.__qualname__}{upcast}: {problems}"
+            ) from e
+
+    def _resolve_unlisted(self, manifest: str) -> tuple[_Registration, int]:
+        """The slow path for a manifest not precomputed: a newer version, `#03`, or unknown."""
+        name, sep, suffix = manifest.rpartition("#")
+        reg = self._by_name.get(name) if sep else None
+        if reg is None or not (suffix.isascii() and suffix.isdigit()):
             raise DeserializationError(f"unknown JSON manifest {manifest!r}")
-        return cls(**decoded)
+        stored = int(suffix)
+        if stored > reg.version:
+            raise DeserializationError(
+                f"manifest {manifest!r} is version {stored} of {name!r}, newer than version "
+                f"{reg.version} registered here for {reg.cls.__qualname__}; deploy the newer "
+                "event class (and its upcasters) before reading these events"
+            )
+        if stored < 1:
+            raise DeserializationError(
+                f"manifest {manifest!r} names version {stored} of {name!r}; versions start at 1"
+            )
+        return reg, stored
+
+
+def _upcaster_chain(
+    cls: type, name: str, version: int, upcasters: Mapping[int, Upcaster]
+) -> tuple[Upcaster, ...]:
+    """Validate that upcasters cover 1..version-1 exactly; return them in order."""
+    for n, fn in upcasters.items():
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < version:
+            raise SerializationError(
+                f"upcaster key {n!r} for {cls.__qualname__} ({name!r}) is out of range: at "
+                f"version {version}, upcasters[n] must exist for n in 1..{version - 1} "
+                "(upcasters[n] turns a version-n payload into version n+1)"
+            )
+        if not callable(fn):
+            raise SerializationError(
+                f"upcaster {n} for {cls.__qualname__} ({name!r}) is not callable: {fn!r}"
+            )
+    missing = [n for n in range(1, version) if n not in upcasters]
+    if missing:
+        raise SerializationError(
+            f"{cls.__qualname__} is registered as version {version} of {name!r} but has no "
+            f"upcaster for version(s) {', '.join(map(str, missing))}: upcasters[n] must exist "
+            f"for every n in 1..{version - 1} (it turns a version-n payload into version n+1)"
+        )
+    return tuple(upcasters[n] for n in range(1, version))
+
+
+def _upcast(reg: _Registration, manifest: str, stored: int, decoded: Any) -> dict[str, Any]:
+    """Run a payload stored at version `stored` through the upcasters up to `reg.version`."""
+    for n in range(stored, reg.version):
+        if not isinstance(decoded, dict):
+            raise DeserializationError(
+                f"cannot upcast manifest {manifest!r} (stored at version {stored}) from version "
+                f"{n}: expected a JSON object, got {type(decoded).__name__}"
+            )
+        try:
+            decoded = reg.upcasters[n - 1](decoded)
+        except Exception as e:
+            raise DeserializationError(
+                f"upcaster {n}->{n + 1} of {reg.name!r} failed on manifest {manifest!r} "
+                f"(stored at version {stored}): {type(e).__name__}: {e}"
+            ) from e
+    if not isinstance(decoded, dict):
+        raise DeserializationError(
+            f"upcaster {reg.version - 1}->{reg.version} of {reg.name!r} returned "
+            f"{type(decoded).__name__}, not a dict, for manifest {manifest!r}"
+        )
+    return decoded
 
 
 def _is_plain_json(value: Any) -> bool:
     return value is None or isinstance(value, dict | list | str | int | float | bool)
+
+
+# -- the converter --------------------------------------------------------------
+
+
+class _WrongValue(ValueError):
+    """A strict structure hook's complaint; its message is shown as it is."""
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, _WrongValue):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _structure_int(value: Any, cl: Any) -> Any:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _WrongValue(f"expected an integer, got {_got(value)}")
+    return value if cl is int else cl(value)  # cl may be an IntEnum
+
+
+def _structure_float(value: Any, cl: Any) -> Any:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise _WrongValue(f"expected a number, got {_got(value)}")
+    return float(value) if cl is float else cl(value)
+
+
+def _structure_str(value: Any, cl: Any) -> Any:
+    if not isinstance(value, str):
+        raise _WrongValue(f"expected a string, got {_got(value)}")
+    return value if cl is str else cl(value)  # cl may be a StrEnum
+
+
+def _structure_bool(value: Any, cl: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _WrongValue(f"expected true or false, got {_got(value)}")
+    return value
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise _WrongValue(f"expected {what} as a string, got {_got(value)}")
+    return value
+
+
+def _structure_datetime(value: Any, cl: Any) -> datetime:
+    text = _string(value, "an ISO 8601 datetime")
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise _WrongValue(f"expected an ISO 8601 datetime, got {_got(value)}") from None
+
+
+def _structure_date(value: Any, cl: Any) -> date:
+    text = _string(value, "an ISO 8601 date")
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise _WrongValue(f"expected an ISO 8601 date, got {_got(value)}") from None
+
+
+def _structure_uuid(value: Any, cl: Any) -> UUID:
+    text = _string(value, "a UUID")
+    try:
+        return UUID(text)
+    except ValueError:
+        raise _WrongValue(f"expected a UUID, got {_got(value)}") from None
+
+
+def _structure_decimal(value: Any, cl: Any) -> Decimal:
+    # A JSON number would have gone through float and lost digits: only strings
+    # (what this serializer writes) and integers are exact.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Decimal(value)
+    text = _string(value, "a decimal")
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        raise _WrongValue(f"expected a decimal string, got {_got(value)}") from None
+
+
+def _unstructure_bytes(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _structure_bytes(value: Any, cl: Any) -> bytes:
+    text = _string(value, "base64 bytes")
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise _WrongValue(f"expected base64 bytes, got {_got(value)}") from None
+
+
+def _is_int_keyed_mapping(t: Any) -> bool:
+    if not is_mapping(t):
+        return False
+    args = get_args(t)
+    key = args[0] if args else None
+    return isinstance(key, type) and issubclass(key, int) and key is not bool
+
+
+def _int_keyed_mapping_hook(t: Any, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """JSON object keys are strings: turn them back into the declared int keys."""
+    origin = get_origin(t) or t
+    structure_to = dict if origin in (Mapping, MutableMapping) else origin
+    inner = mapping_structure_factory(t, converter, structure_to, detailed_validation=True)
+
+    def structure(value: Any, _: Any) -> Any:
+        if isinstance(value, dict):
+            value = {
+                (_structure_int_key(k) if isinstance(k, str) else k): v for k, v in value.items()
+            }
+        return inner(value, t)
+
+    return structure
+
+
+def _structure_int_key(key: str) -> int:
+    if _INT_KEY.fullmatch(key) is None:
+        raise _WrongValue(f"expected an integer key, got {key!r}")
+    return int(key)
+
+
+_INT_KEY: Final = re.compile(r"-?[0-9]+")
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(
+        unstruct_collection_overrides={AbstractSet: list}, detailed_validation=True
+    )
+    for cl, fn in (
+        (int, _structure_int),
+        (float, _structure_float),
+        (str, _structure_str),
+        (bool, _structure_bool),
+        (datetime, _structure_datetime),
+        (date, _structure_date),
+        (UUID, _structure_uuid),
+        (Decimal, _structure_decimal),
+        (bytes, _structure_bytes),
+    ):
+        converter.register_structure_hook(cl, fn)
+    converter.register_unstructure_hook(datetime, datetime.isoformat)
+    converter.register_unstructure_hook(date, date.isoformat)
+    converter.register_unstructure_hook(UUID, str)
+    converter.register_unstructure_hook(Decimal, str)
+    converter.register_unstructure_hook(bytes, _unstructure_bytes)
+    converter.register_structure_hook_factory(_is_int_keyed_mapping, _int_keyed_mapping_hook)
+    configure_union_passthrough(Union[str, bool, int, float, None], converter)  # noqa: UP007
+    return converter
 
 
 class SerializerRegistry:
@@ -148,9 +526,20 @@ class SerializerRegistry:
         for t in for_types:
             self._by_type[t] = serializer
 
-    def register(self, cls: type, name: str | None = None) -> None:
-        """Register an attrs class or dataclass for JSON under a stable manifest name."""
-        self.json.register(cls, name)
+    def register(
+        self,
+        cls: type,
+        name: str | None = None,
+        *,
+        version: int = 1,
+        upcasters: Mapping[int, Upcaster] | None = None,
+        aliases: Iterable[str] = (),
+    ) -> None:
+        """Register an attrs class or dataclass for JSON under a stable manifest name.
+
+        See `JsonSerializer.register` for `version`, `upcasters` and `aliases`.
+        """
+        self.json.register(cls, name, version=version, upcasters=upcasters, aliases=aliases)
 
     def serialize(self, value: Any, *, what: str = "event") -> SerializedPayload:
         """Encode `value`, raising `SerializationError` that names the value's type."""
