@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from cachetools import LRUCache
 from psycopg import AsyncConnection, AsyncRawCursor, sql
 
 from journal import SliceRange
 from journal.tables import Tables
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
 
-_CACHED_BATCH_SIZES = 256
+_CACHED_BATCH_SIZES = 64  # statement texts kept, most recently used first
 _MAX_ROWS_PER_INSERT = 4096  # 4 parameters a row; PostgreSQL allows 65535 per statement
 
 
@@ -44,7 +45,7 @@ class OffsetDao:
             "WHERE o.projection_name = %(name)s AND o.slice = l.slice "
             "AND o.timestamp_offset < l.latest - %(window)s::interval"
         ).format(t=t)
-        self._values_by_size: dict[int, sql.Composed] = {}
+        self._values_by_size: LRUCache[int, sql.Composed] = LRUCache(_CACHED_BATCH_SIZES)
         self._clear = sql.SQL(
             "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
         ).format(t=t)
@@ -96,8 +97,7 @@ class OffsetDao:
                 "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows} "
                 "ON CONFLICT DO NOTHING"
             ).format(t=self._tables.offset_store, rows=rows)
-            if n <= _CACHED_BATCH_SIZES:
-                self._values_by_size[n] = statement
+            self._values_by_size[n] = statement
         params: list[Any] = [self.name, key]
         for r in records:
             params += (r.slice, r.persistence_id, r.seq_nr, r.timestamp)
