@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from journal.embedded import EmbeddedPostgres
 from journal.errors import JournalError
 from journal.journal import resolve_dsn
+from journal.server_cli import add_server_parser
 from journal.settings import JournalSettings
 
 DEMO_SCHEMA = "slicejournal_demo"
@@ -119,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--writers", type=_bounded_int(1, 64), default=8,
                         help="concurrent writers (1..64, default 8)")  # fmt: skip
     p_demo.set_defaults(func=cmd_demo)
+    add_server_parser(sub)
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
     try:

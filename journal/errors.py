@@ -92,4 +92,4 @@ class DeserializationError(JournalError):
 
 
 class EmbeddedServerError(JournalError):
-    """The embedded PostgreSQL server could not be started."""
+    """The embedded PostgreSQL server could not be started, stopped or inspected."""

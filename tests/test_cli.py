@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from tests.conftest import fresh_schema_name
@@ -66,6 +67,7 @@ def test_init_rejects_a_bad_schema_name_cleanly(pg_dsn: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.timeout(300)  # starts its own embedded server
 def test_demo_runs_on_the_embedded_server_and_verifies(tmp_path: Path) -> None:
     data_dir = tmp_path / "pgdata"
     env = {"SLICEJOURNAL_DATA_DIR": str(data_dir), "SLICEJOURNAL_DSN": ""}
