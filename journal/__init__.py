@@ -14,8 +14,9 @@ refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
 (de)serialization and embedded-server errors.
 """
 
-from journal.aggregate import AggregateRepository, Loaded
-from journal.embedded import EmbeddedPostgres
+from typing import TYPE_CHECKING
+
+from journal._lazy import lazy_attributes
 from journal.errors import (
     ConcurrencyError,
     ConnectionFailed,
@@ -29,7 +30,6 @@ from journal.errors import (
     SerializationError,
     UnknownProjection,
 )
-from journal.journal import Journal
 from journal.model import NOT_LOADED, EventEnvelope, SerializedPayload, Snapshot, TimestampOffset
 from journal.serialization import (
     BytesSerializer,
@@ -45,6 +45,22 @@ from journal.slices import (
     entity_type_of,
     slice_for,
     slice_ranges,
+)
+
+# The drivers load psycopg and asyncio: imported on first use (see journal/_lazy.py).
+if TYPE_CHECKING:
+    from journal.aggregate import AggregateRepository, Loaded
+    from journal.embedded import EmbeddedPostgres
+    from journal.journal import Journal
+
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "AggregateRepository": "journal.aggregate",
+        "Loaded": "journal.aggregate",
+        "EmbeddedPostgres": "journal.embedded",
+        "Journal": "journal.journal",
+    },
 )
 
 __all__ = [
