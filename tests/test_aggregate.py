@@ -22,7 +22,7 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
-from journal.demo import Deposited, Withdrawn  # the bank events of the demo
+from tests.bank_events import Deposited, Withdrawn
 from tests.pg import Row, fetch
 
 Event = Deposited | Withdrawn

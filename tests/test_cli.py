@@ -14,7 +14,7 @@ from psycopg import sql
 
 from tests.conftest import fresh_schema_name
 
-CLI = [sys.executable, "-m", "journal.cli"]
+CLI = [sys.executable, "-m", "slicejournal.cli"]
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

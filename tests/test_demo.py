@@ -18,7 +18,7 @@ SMALL = ["--events", "30", "--accounts", "5", "--writers", "2"]
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "journal.cli", "demo", *args],
+        [sys.executable, "-m", "slicejournal.cli", "demo", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -117,7 +117,7 @@ def test_bad_demo_arguments_fail_cleanly(args: list[str], needle: str) -> None:
 
 def test_demo_help_names_the_real_default_schema() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "journal.cli", "demo", "--help"],
+        [sys.executable, "-m", "slicejournal.cli", "demo", "--help"],
         capture_output=True,
         text=True,
         timeout=30,

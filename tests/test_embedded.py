@@ -18,7 +18,7 @@ import pytest
 
 from journal.embedded import EmbeddedPostgres, server_status
 
-CLI = [sys.executable, "-m", "journal.cli"]
+CLI = [sys.executable, "-m", "slicejournal.cli"]
 
 CONNECT_AND_SLEEP = """
 import asyncio, time

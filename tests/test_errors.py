@@ -140,7 +140,7 @@ def test_display_dsn_masks_the_password() -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "journal.cli", *args],
+        [sys.executable, "-m", "slicejournal.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -36,7 +36,7 @@ def example_dsn(pg_dsn: str) -> Iterator[str]:
     dsn = conninfo.make_conninfo(pg_dsn, dbname=name)
     try:
         init = subprocess.run(
-            [sys.executable, "-m", "journal.cli", "init", "--dsn", dsn],
+            [sys.executable, "-m", "slicejournal.cli", "init", "--dsn", dsn],
             capture_output=True,
             text=True,
             timeout=60,

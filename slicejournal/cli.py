@@ -1,4 +1,5 @@
-"""The `slicejournal` command: `init` applies the schema, `demo` runs the showcase."""
+"""The `slicejournal` command: `init` applies the schema, `demo` runs the showcase,
+`server` manages the embedded PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Callable, Sequence
 from journal.embedded import EmbeddedPostgres
 from journal.errors import JournalError
 from journal.journal import resolve_dsn
-from journal.server_cli import add_server_parser
 from journal.settings import JournalSettings
+from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -77,7 +78,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from journal.demo import run_demo
+    from slicejournal.demo import run_demo
 
     return asyncio.run(run_demo(resolve_dsn(args.dsn), _settings(args), args))
 

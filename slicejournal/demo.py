@@ -22,13 +22,13 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from journal.aggregate import AggregateRepository
-from journal.demo_schema import claim_demo_schema
 from journal.dsn import display_dsn
 from journal.journal import Journal
 from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import PersistenceId, slice_ranges
+from slicejournal.demo_schema import claim_demo_schema
 
 ENTITY_TYPE = "Account"
 READ_MODEL_TABLE = "balances"
