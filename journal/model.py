@@ -55,6 +55,11 @@ class TimestampOffset:
     read_timestamp: datetime = EPOCH
     seen: Mapping[str, int] = attrs.field(factory=dict, converter=_freeze_seen, hash=False)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # `seen` is a read-only view, which pickle cannot copy; offsets travel to
+        # worker processes and Spark executors, so they pickle as plain values.
+        return (TimestampOffset, (self.timestamp, self.read_timestamp, dict(self.seen)))
+
     @classmethod
     def zero(cls) -> TimestampOffset:
         """The offset before every event."""
