@@ -169,6 +169,24 @@ def histories(draw: st.DrawFn, max_late: float = 4.0) -> list[Ev]:
     return events
 
 
+def test_a_late_commit_behind_a_bounded_chunk_is_backtracked() -> None:
+    """Found by the property below: a catch-up chunk bounded by a bucket end moves
+    the scan past the last emitted event; an event in between that commits late
+    (within backtracking.behind_current_time) must still come by backtracking."""
+    timestamps = [1e-06, 2e-06, 2.0, 17.0, 17.000001, 17.000002000000002, 17.000003000000003]
+    timestamps += [17.000004000000004] + [17.000005000000005] * 4 + [19.0, 34.0, 49.0, 49.000001]
+    timestamps += [49.000001999999995, 49.00000299999999, 49.00000399999999, 49.00000499999999]
+    timestamps += [49.000005999999985] + [49.00000699999998] * 3 + [49.00000799999998]
+    timestamps += [49.00000899999998, 49.000009999999975, 49.00001099999997, 49.00001199999997]
+    timestamps += [49.00001299999997] * 2
+    events = [Ev("p0", i + 1, ts, ts) for i, ts in enumerate(timestamps)]
+    late_ts = 49.000013999999965
+    events.append(Ev("p0", len(events) + 1, late_ts, late_ts + 4.0))
+    machine = BySliceQuery(fast(), None, now=0.0)
+    out = drive(machine, Model(events), start=0.0, until=late_ts + 200, step=0.01)
+    assert {o.ev for o in out} == {(e.pid, e.seq_nr) for e in events}
+
+
 @settings(max_examples=150, deadline=None)
 @given(histories(), st.sampled_from([0.0, 0.01, 0.3]))
 def test_live_query_delivers_every_event_despite_late_commits(

@@ -252,7 +252,10 @@ class BySliceQuery:
             backtracking=True,
             from_timestamp=self.latest_backtracking.timestamp,
             exclude=dict(self._bt_seen),
-            to_inclusive=self.latest.timestamp,
+            # Up to where the normal scan has passed, which a bounded catch-up
+            # chunk can move past the last emitted event: a row that commits
+            # late inside that stretch is seen by no normal query again.
+            to_inclusive=self._scan_from,
             until_exclusive=None,
             behind_current_time=self.settings.backtracking.behind_current_time,
             limit=self.settings.buffer_size,
