@@ -60,6 +60,10 @@ class UnknownProjection(JournalError):
         )
 
 
+class ProtocolError(JournalError):
+    """A sans-I/O state machine was driven out of order (a driver bug, not bad data)."""
+
+
 class ConcurrencyError(JournalError):
     """`append` was called with an `expected_seq_nr` that is not the current highest one."""
 

@@ -371,3 +371,27 @@ def test_invalid_settings_are_rejected_when_built(kwargs: dict[str, Any]) -> Non
             QuerySettings(backtracking=BacktrackingSettings(**kwargs["backtracking"]))
         else:
             QuerySettings(**kwargs)
+
+
+def test_protocol_misuse_raises_a_typed_error_and_now_is_required() -> None:
+    from journal.errors import JournalError, ProtocolError
+
+    machine = BySliceQuery(fast(), now=0.0)
+    with pytest.raises(ProtocolError, match="outside a RowsQuery"):
+        machine.on_row(row(Ev("a", 1, 1.0, 1.0)), at(1), 1.0)
+    with pytest.raises(ProtocolError):
+        machine.on_rows_done(0.0)
+    assert issubclass(ProtocolError, JournalError)
+    with pytest.raises(TypeError):
+        BySliceQuery(fast())  # type: ignore[call-arg]
+
+
+def test_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="slicejournal.journal.query")
+    events = [Ev("a", 1, 1.0, 1.0), Ev("a", 2, 2.0, 3.0)]
+    drive(BySliceQuery(fast(), now=0.0), Model(events), start=0.0, until=30.0, step=0.01)
+    text = caplog.text
+    for decision in ("catch-up bound", "waiting", "switching to backtracking", "backtracking ends"):
+        assert decision in text, decision

@@ -29,15 +29,21 @@ without LIMIT, so each row is sorted once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 
+from journal.errors import InvalidArgument, ProtocolError
 from journal.model import EPOCH, TimestampOffset
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
 from journal.settings import QuerySettings
+
+# Every decision (mode switch, backtracking start and end, bucket bound, wait)
+# is logged at DEBUG, as Pekko's query logs each of its own.
+_log = logging.getLogger("slicejournal.journal.query")
 
 BUCKET_SECONDS = 10
 IDLE_POLLS_BEFORE_BACKTRACKING = 5
@@ -140,10 +146,10 @@ class BySliceQuery:
         live: bool = True,
         end: datetime | None = None,
         heartbeats: bool = False,
-        now: float = 0.0,
+        now: float,
     ) -> None:
         if not live and end is None:
-            raise ValueError("a current (non-live) query needs the end timestamp")
+            raise InvalidArgument("a current (non-live) query needs the end timestamp")
         self.settings = settings
         self.live = live
         self.end = end
@@ -243,11 +249,22 @@ class BySliceQuery:
             self.latest_backtracking = TimestampOffset(max(first, EPOCH), EPOCH, {})
             self._bt_seen = {}
         self.backtracking = True
+        _log.debug(
+            "switching to backtracking from %s (idle polls %d, rows since %d)",
+            self._bt_position(),
+            self._idle_polls,
+            self._rows_since_backtracking,
+        )
         self._idle_polls = 0
         self._rows_since_backtracking = 0
 
+    def _bt_position(self) -> str:
+        bt = self.latest_backtracking
+        return "the start" if bt is None else bt.timestamp.isoformat()
+
     def _backtracking_query(self) -> RowsQuery:
-        assert self.latest_backtracking is not None
+        if self.latest_backtracking is None:
+            raise ProtocolError("backtracking query before backtracking started")
         return RowsQuery(
             backtracking=True,
             from_timestamp=self.latest_backtracking.timestamp,
@@ -289,7 +306,8 @@ class BySliceQuery:
         else:
             if self._buckets_complete or last is None:
                 return None
-        assert last is not None
+        if last is None:  # the loop ran at least once (total reached the buffer)
+            raise ProtocolError("bucket bound without buckets")
         return EPOCH + timedelta(seconds=last.start + BUCKET_SECONDS)
 
     def _normal_query(self, now: float) -> RowsQuery:
@@ -319,19 +337,22 @@ class BySliceQuery:
         """
         self._buckets = [Bucket(int(start), int(count)) for start, count in rows]
         self._buckets_complete = len(rows) < self.settings.bucket_limit
+        _log.debug("catch-up bound from %d bucket counts: %s", len(rows), self._bound())
 
     def on_row(
-        self, row: Sequence[Any], read_timestamp: datetime, now: float = 0.0
+        self, row: Sequence[Any], read_timestamp: datetime, now: float
     ) -> TimestampOffset | None:
         """The offset to emit the row with, or None if it was already emitted."""
         query = self._current
-        assert query is not None, "on_row outside a RowsQuery"
+        if query is None:
+            raise ProtocolError("on_row called outside a RowsQuery")
         self._rows += 1
         ts: datetime = row[ROW_DB_TIMESTAMP]
         pid: str = row[ROW_PID]
         seq_nr: int = row[ROW_SEQ_NR]
         if query.backtracking:
-            assert self.latest_backtracking is not None
+            if self.latest_backtracking is None:
+                raise ProtocolError("backtracking row before backtracking started")
             seen = self._bt_seen
             if ts > self.latest_backtracking.timestamp:
                 seen = self._bt_seen = {}
@@ -351,10 +372,11 @@ class BySliceQuery:
         self._last_emit = now
         return self.latest
 
-    def on_rows_done(self, now: float = 0.0) -> None:
+    def on_rows_done(self, now: float) -> None:
         """The current RowsQuery has returned all its rows."""
         query = self._current
-        assert query is not None, "on_rows_done outside a RowsQuery"
+        if query is None:
+            raise ProtocolError("on_rows_done called outside a RowsQuery")
         self._current = None
         rows = self._rows
         full = query.limit is not None and rows >= query.limit
@@ -362,6 +384,7 @@ class BySliceQuery:
             if not full:
                 self.backtracking = False
                 self._after_backtracking = True
+                _log.debug("backtracking ends at %s (%d rows)", self._bt_position(), rows)
             return
         self._rows_since_backtracking += rows
         self._idle_polls = self._idle_polls + 1 if rows == 0 else 0
@@ -386,6 +409,7 @@ class BySliceQuery:
         refresh = self.settings.refresh_interval.total_seconds()
         delay = refresh if rows <= buffer // 10 else refresh / 2
         self._wait = Wait(now + delay)
+        _log.debug("%d rows: waiting %.3f s before the next query", rows, delay)
         if self._pending_notifications:
             self._notification_wait()
 
@@ -398,7 +422,8 @@ class BySliceQuery:
             self._notification_wait()
 
     def _notification_wait(self) -> None:
-        assert self._wait is not None
+        if self._wait is None:
+            raise ProtocolError("notification wait without a wait")
         due = (
             min(self._pending_notifications)
             + self.settings.behind_current_time.total_seconds()
