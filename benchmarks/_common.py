@@ -44,7 +44,7 @@ from psycopg import sql
 
 from journal import Journal, JournalSettings
 from journal.dsn import DSN_ENV
-from journal.rows import envelope_columns
+from journal.query.sql import envelope_columns
 from journal.schema import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import slice_for

@@ -1,8 +1,10 @@
-"""The journal's column list and the one function that turns a row into an envelope.
+"""The journal's column order and the one function that turns a row into an envelope.
 
 Every read path (by persistence id, by slices, `load_envelope`) selects the
-same columns in the same order and decodes them here, so a payload is decoded
-the same way whichever query produced it.
+same columns in the same order (`journal.query.sql.envelope_columns` builds
+the select list from `COLUMNS`) and decodes them here, so a payload is decoded
+the same way whichever query produced it. Pure: no database import, so the
+slice-query state machine can use the column positions on a Spark executor.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg import sql
-
 from journal.model import NOT_LOADED, EventEnvelope, TimestampOffset
 from journal.serialization import SerializerRegistry
 
-_COLUMNS = (
+COLUMNS = (
     "persistence_id",
     "entity_type",
     "slice",
@@ -29,21 +29,14 @@ _COLUMNS = (
     "meta_ser_manifest",
     "meta_payload",
 )
-_PAYLOAD = "event_payload"
-
-
-def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
-    """The select list every envelope query uses; without payload it selects NULL instead."""
-    cols: list[sql.Composable] = [sql.Identifier(c) for c in _COLUMNS]
-    cols.append(sql.Identifier(_PAYLOAD) if with_payload else sql.SQL("NULL::bytea"))
-    return sql.SQL(", ").join(cols)
+PAYLOAD_COLUMN = "event_payload"  # selected last, after COLUMNS
 
 
 Row = Sequence[Any]
-ROW_DB_TIMESTAMP = _COLUMNS.index("db_timestamp")
-ROW_PID = _COLUMNS.index("persistence_id")
-ROW_SEQ_NR = _COLUMNS.index("seq_nr")
-ROW_WIDTH = len(_COLUMNS) + 1  # queries may append columns after the payload
+ROW_DB_TIMESTAMP = COLUMNS.index("db_timestamp")
+ROW_PID = COLUMNS.index("persistence_id")
+ROW_SEQ_NR = COLUMNS.index("seq_nr")
+ROW_WIDTH = len(COLUMNS) + 1  # queries may append columns after the payload
 
 
 def row_to_envelope(

@@ -8,21 +8,50 @@ The public API; everything not re-exported here is private.
     await projection.run()          # until `await projection.stop()`
 """
 
+from typing import TYPE_CHECKING
+
+from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
-from projections.management import DeadLetter, ProjectionManagement, RangeStatus, range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
-from projections.runner import (
-    AtLeastOnceHandler,
-    GroupedHandler,
-    Handler,
-    Mode,
-    Projection,
-    ProjectionError,
-    ProjectionStats,
-)
-from projections.scaling import ProjectionGroup
 from projections.settings import ProjectionSettings
+
+# The runners and management load psycopg and asyncio: imported on first use.
+if TYPE_CHECKING:
+    from projections.management import DeadLetter, ProjectionManagement, RangeStatus, range_key
+    from projections.runner import (
+        AtLeastOnceHandler,
+        GroupedHandler,
+        Handler,
+        Mode,
+        Projection,
+        ProjectionError,
+        ProjectionStats,
+    )
+    from projections.scaling import ProjectionGroup
+
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        **dict.fromkeys(
+            ("DeadLetter", "ProjectionManagement", "RangeStatus", "range_key"),
+            "projections.management",
+        ),
+        **dict.fromkeys(
+            (
+                "AtLeastOnceHandler",
+                "GroupedHandler",
+                "Handler",
+                "Mode",
+                "Projection",
+                "ProjectionError",
+                "ProjectionStats",
+            ),
+            "projections.runner",
+        ),
+        "ProjectionGroup": "projections.scaling",
+    },
+)
 
 __all__ = [
     "AtLeastOnceHandler",

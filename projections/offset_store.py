@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 
 import attrs
 
-from journal import TimestampOffset
+from journal.model import TimestampOffset
 
 PROGRESS_PID = ""
 PROGRESS_SEQ_NR = 0

@@ -12,8 +12,16 @@ from typing import Any
 from psycopg import sql
 
 from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
-from journal.rows import envelope_columns
+from journal.rows import COLUMNS, PAYLOAD_COLUMN
 from journal.tables import Tables
+
+
+def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
+    """The select list every envelope query uses; without payload it selects NULL instead."""
+    cols: list[sql.Composable] = [sql.Identifier(c) for c in COLUMNS]
+    cols.append(sql.Identifier(PAYLOAD_COLUMN) if with_payload else sql.SQL("NULL::bytea"))
+    return sql.SQL(", ").join(cols)
+
 
 _RANGE = sql.SQL("entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s")
 
