@@ -8,9 +8,11 @@ rows can later be fed to slice queries (Pekko's "start from snapshot").
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,17 +23,20 @@ from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables
 
 
-class SnapshotStore:
-    """Saves, loads and deletes the snapshot row of a persistence id."""
+@attrs.frozen
+class SnapshotSql:
+    """The snapshot table's statements, shared by both drivers."""
 
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], tables: Tables, registry: SerializerRegistry
-    ) -> None:
-        self._pool = pool
-        self._registry = registry
+    upsert: sql.Composed
+    select: sql.Composed
+    delete: sql.Composed
+
+    @classmethod
+    def of(cls, tables: Tables) -> SnapshotSql:
         t = tables.snapshot
-        self._upsert = sql.SQL(
-            """
+        return cls(
+            upsert=sql.SQL(
+                """
             INSERT INTO {t} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
                              write_timestamp, ser_id, ser_manifest, snapshot, tags,
                              meta_ser_id, meta_ser_manifest, meta_payload)
@@ -47,13 +52,75 @@ class SnapshotStore:
               meta_payload = excluded.meta_payload
             WHERE {t}.seq_nr <= excluded.seq_nr
             """
-        ).format(t=t)
-        self._select = sql.SQL(
-            "SELECT seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, "
-            "tags, meta_ser_id, meta_ser_manifest, meta_payload "
-            "FROM {t} WHERE persistence_id = %s"
-        ).format(t=t)
-        self._delete = sql.SQL("DELETE FROM {t} WHERE persistence_id = %s").format(t=t)
+            ).format(t=t),
+            select=sql.SQL(
+                "SELECT seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, "
+                "tags, meta_ser_id, meta_ser_manifest, meta_payload "
+                "FROM {t} WHERE persistence_id = %s"
+            ).format(t=t),
+            delete=sql.SQL("DELETE FROM {t} WHERE persistence_id = %s").format(t=t),
+        )
+
+
+def snapshot_params(
+    registry: SerializerRegistry,
+    persistence_id: str,
+    seq_nr: int,
+    state: Any,
+    tags: tuple[str, ...],
+    metadata: Any,
+) -> dict[str, Any]:
+    """Validate and serialize a snapshot into the parameters of `SnapshotSql.upsert`."""
+    pid = validate_persistence_id(persistence_id)
+    if isinstance(seq_nr, bool) or not isinstance(seq_nr, int) or seq_nr < 1:
+        raise InvalidArgument(f"snapshot seq_nr must be an int >= 1, got {seq_nr!r}")
+    payload = registry.serialize(state, what="snapshot")
+    meta = registry.serialize(metadata, what="metadata") if metadata is not None else None
+    return {
+        "slice": slice_for(pid),
+        "entity_type": entity_type_of(pid),
+        "pid": pid,
+        "seq_nr": seq_nr,
+        "write_ts": int(time.time() * 1000),
+        "ser_id": payload.serializer_id,
+        "manifest": payload.manifest,
+        "payload": payload.payload,
+        "tags": list(tags) or None,
+        "meta_ser_id": meta.serializer_id if meta else None,
+        "meta_manifest": meta.manifest if meta else None,
+        "meta_payload": meta.payload if meta else None,
+    }
+
+
+def row_to_snapshot(registry: SerializerRegistry, pid: str, row: Sequence[Any]) -> Snapshot:
+    """Decode a row selected by `SnapshotSql.select`."""
+    seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, m_id, m_manifest, m_payload = row
+    state = registry.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
+    metadata = None
+    if m_payload is not None and m_id is not None:
+        metadata = registry.deserialize(
+            m_id, m_manifest or "", m_payload, persistence_id=pid, seq_nr=seq_nr
+        )
+    return Snapshot(
+        persistence_id=pid,
+        seq_nr=seq_nr,
+        db_timestamp=db_ts,
+        write_timestamp=_from_millis(write_ts),
+        state=state,
+        tags=tuple(tags or ()),
+        metadata=metadata,
+    )
+
+
+class SnapshotStore:
+    """Saves, loads and deletes the snapshot row of a persistence id."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], tables: Tables, registry: SerializerRegistry
+    ) -> None:
+        self._pool = pool
+        self._registry = registry
+        self._sql = SnapshotSql.of(tables)
 
     async def save(
         self,
@@ -66,63 +133,26 @@ class SnapshotStore:
         conn: AsyncConnection[Any] | None = None,
     ) -> None:
         """Store `state` as of `seq_nr`; an older snapshot never overwrites a newer one."""
-        pid = validate_persistence_id(persistence_id)
-        if isinstance(seq_nr, bool) or not isinstance(seq_nr, int) or seq_nr < 1:
-            raise InvalidArgument(f"snapshot seq_nr must be an int >= 1, got {seq_nr!r}")
-        payload = self._registry.serialize(state, what="snapshot")
-        meta = self._registry.serialize(metadata, what="metadata") if metadata is not None else None
-        params = {
-            "slice": slice_for(pid),
-            "entity_type": entity_type_of(pid),
-            "pid": pid,
-            "seq_nr": seq_nr,
-            "write_ts": int(time.time() * 1000),
-            "ser_id": payload.serializer_id,
-            "manifest": payload.manifest,
-            "payload": payload.payload,
-            "tags": list(tags) or None,
-            "meta_ser_id": meta.serializer_id if meta else None,
-            "meta_manifest": meta.manifest if meta else None,
-            "meta_payload": meta.payload if meta else None,
-        }
+        params = snapshot_params(self._registry, persistence_id, seq_nr, state, tags, metadata)
         if conn is not None:
-            await conn.execute(self._upsert, params)
+            await conn.execute(self._sql.upsert, params)
         else:
             async with self._pool.connection() as own:
-                await own.execute(self._upsert, params)
+                await own.execute(self._sql.upsert, params)
 
     async def load(self, persistence_id: str) -> Snapshot | None:
         """The latest snapshot of the id, or None."""
         pid = validate_persistence_id(persistence_id)
         async with self._pool.connection() as conn:
-            cur = await conn.execute(self._select, (pid,))
+            cur = await conn.execute(self._sql.select, (pid,))
             row = await cur.fetchone()
-        if row is None:
-            return None
-        seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, m_id, m_manifest, m_payload = row
-        state = self._registry.deserialize(
-            ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr
-        )
-        metadata = None
-        if m_payload is not None and m_id is not None:
-            metadata = self._registry.deserialize(
-                m_id, m_manifest or "", m_payload, persistence_id=pid, seq_nr=seq_nr
-            )
-        return Snapshot(
-            persistence_id=pid,
-            seq_nr=seq_nr,
-            db_timestamp=db_ts,
-            write_timestamp=_from_millis(write_ts),
-            state=state,
-            tags=tuple(tags or ()),
-            metadata=metadata,
-        )
+        return None if row is None else row_to_snapshot(self._registry, pid, row)
 
     async def delete(self, persistence_id: str) -> None:
         """Remove the id's snapshot (if any)."""
         pid = validate_persistence_id(persistence_id)
         async with self._pool.connection() as conn:
-            await conn.execute(self._delete, (pid,))
+            await conn.execute(self._sql.delete, (pid,))
 
 
 def _from_millis(millis: int) -> datetime:

@@ -92,26 +92,23 @@ def prepare_append(
     )
 
 
-class EventWriter:
-    """Executes appends and deletes against one journal table."""
+@attrs.frozen
+class WriterSql:
+    """The write side's statements for one journal table, shared by both drivers."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[Any],
-        tables: Tables,
-        registry: SerializerRegistry,
-        writer_id: str,
-        notifier: Notifier | None,
-    ) -> None:
-        self._pool = pool
-        self._tables = tables
-        self._registry = registry
-        self._writer_id = writer_id
-        self._notifier = notifier
-        # Binary parameters: psycopg would otherwise escape every array element
-        # as text. One result row: all events of an append share the timestamp.
-        self._append_sql = sql.SQL(
-            """
+    append: sql.Composed
+    highest: sql.Composed
+    delete_before: sql.Composed
+    mark_deleted: sql.Composed
+
+    @classmethod
+    def of(cls, tables: Tables) -> WriterSql:
+        journal = tables.journal
+        return cls(
+            # Binary parameters: psycopg would otherwise escape every array element
+            # as text. One result row: all events of an append share the timestamp.
+            append=sql.SQL(
+                """
             WITH prev AS (
               SELECT seq_nr, db_timestamp FROM {journal}
               WHERE persistence_id = %(pid)b ORDER BY seq_nr DESC LIMIT 1
@@ -135,34 +132,107 @@ class EventWriter:
             )
             SELECT count(*), max(db_timestamp) FROM ins
             """
-        ).format(journal=tables.journal)
-        self._highest_sql = sql.SQL(
-            "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
-        ).format(journal=tables.journal)
+            ).format(journal=journal),
+            highest=sql.SQL(
+                "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
+            ).format(journal=journal),
+            delete_before=sql.SQL(
+                "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s"
+            ).format(journal=journal),
+            mark_deleted=sql.SQL(
+                "UPDATE {journal} SET deleted = true, event_payload = ''::bytea, "
+                "meta_payload = NULL, meta_ser_id = NULL, meta_ser_manifest = NULL "
+                "WHERE persistence_id = %s AND seq_nr = %s"
+            ).format(journal=journal),
+        )
+
+
+def append_params(batch: PreparedAppend, writer_id: str) -> dict[str, Any]:
+    """The parameters of `WriterSql.append` for a prepared batch."""
+    return {
+        "pid": batch.persistence_id,
+        "slice": batch.slice,
+        "entity_type": batch.entity_type,
+        "writer": writer_id,
+        "tags": list(batch.tags) or None,
+        "meta_ser_id": batch.meta.serializer_id if batch.meta else None,
+        "meta_manifest": batch.meta.manifest if batch.meta else None,
+        "meta_payload": batch.meta.payload if batch.meta else None,
+        "ser_ids": [p.serializer_id for p in batch.payloads],
+        "manifests": [p.manifest for p in batch.payloads],
+        "payloads": [p.payload for p in batch.payloads],
+        "expected": batch.expected_seq_nr,
+    }
+
+
+def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:
+    """The batch's db_timestamp from the append's result row; None if nothing was inserted."""
+    if row is None or not row[0]:
+        return None
+    stored_at: datetime = row[1]
+    return stored_at
+
+
+def appended_envelopes(
+    batch: PreparedAppend, stored_at: datetime, writer_id: str
+) -> list[EventEnvelope]:
+    """The envelopes `append` returns for a stored batch."""
+    return [
+        EventEnvelope(
+            persistence_id=batch.persistence_id,
+            entity_type=batch.entity_type,
+            slice=batch.slice,
+            seq_nr=batch.expected_seq_nr + i,
+            db_timestamp=stored_at,
+            event=event,
+            serializer_id=payload.serializer_id,
+            serializer_manifest=payload.manifest,
+            tags=batch.tags,
+            metadata=batch.metadata,
+            writer=writer_id,
+            source="append",
+        )
+        for i, (event, payload) in enumerate(
+            zip(batch.events, batch.payloads, strict=True), start=1
+        )
+    ]
+
+
+def opens_caller_transaction(autocommit: bool, status: pq.TransactionStatus) -> bool:
+    """True if a caller's connection has no transaction yet and one must be begun first.
+
+    The caller's transaction begins with its first statement; without it,
+    `conn.transaction()` would be the outer transaction and commit the events
+    before the caller decides to.
+    """
+    return not autocommit and status == pq.TransactionStatus.IDLE
+
+
+class EventWriter:
+    """Executes appends and deletes against one journal table."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        tables: Tables,
+        registry: SerializerRegistry,
+        writer_id: str,
+        notifier: Notifier | None,
+    ) -> None:
+        self._pool = pool
+        self._tables = tables
+        self._registry = registry
+        self._writer_id = writer_id
+        self._notifier = notifier
+        self._sql = WriterSql.of(tables)
 
     async def append(
         self, batch: PreparedAppend, conn: AsyncConnection[Any] | None = None
     ) -> list[EventEnvelope]:
         """Store a prepared batch; in `conn`'s transaction if given, else on its own."""
-        params = {
-            "pid": batch.persistence_id,
-            "slice": batch.slice,
-            "entity_type": batch.entity_type,
-            "writer": self._writer_id,
-            "tags": list(batch.tags) or None,
-            "meta_ser_id": batch.meta.serializer_id if batch.meta else None,
-            "meta_manifest": batch.meta.manifest if batch.meta else None,
-            "meta_payload": batch.meta.payload if batch.meta else None,
-            "ser_ids": [p.serializer_id for p in batch.payloads],
-            "manifests": [p.manifest for p in batch.payloads],
-            "payloads": [p.payload for p in batch.payloads],
-            "expected": batch.expected_seq_nr,
-        }
+        params = append_params(batch, self._writer_id)
         if conn is not None:
-            if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
-                # The caller's transaction begins with its first statement; without
-                # this, `conn.transaction()` below would be the outer transaction and
-                # commit the events before the caller decides to.
+            if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
                 await conn.execute("SELECT 1")
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
@@ -191,49 +261,28 @@ class EventWriter:
                     raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
             if self._notifier is not None:
                 self._notifier.changed(batch.entity_type, batch.slice)
-        return [
-            EventEnvelope(
-                persistence_id=batch.persistence_id,
-                entity_type=batch.entity_type,
-                slice=batch.slice,
-                seq_nr=batch.expected_seq_nr + i,
-                db_timestamp=stored_at,
-                event=event,
-                serializer_id=payload.serializer_id,
-                serializer_manifest=payload.manifest,
-                tags=batch.tags,
-                metadata=batch.metadata,
-                writer=self._writer_id,
-                source="append",
-            )
-            for i, (event, payload) in enumerate(
-                zip(batch.events, batch.payloads, strict=True), start=1
-            )
-        ]
+        return appended_envelopes(batch, stored_at, self._writer_id)
 
     async def _insert(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> datetime | None:
         """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
         try:
             async with conn.cursor() as cur:
-                await cur.execute(self._append_sql, params)
+                await cur.execute(self._sql.append, params)
                 row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:
             return None
-        if row is None or not row[0]:
-            return None
-        stored_at: datetime = row[1]
-        return stored_at
+        return stored_timestamp(row)
 
     async def highest_seq_nr(
         self, persistence_id: str, conn: AsyncConnection[Any] | None = None
     ) -> int:
         """The highest seq_nr stored for the id (deleted marker rows included), 0 if none."""
         if conn is not None:
-            cur = await conn.execute(self._highest_sql, (persistence_id,))
+            cur = await conn.execute(self._sql.highest, (persistence_id,))
             row = await cur.fetchone()
         else:
             async with self._pool.connection() as own:
-                cur = await own.execute(self._highest_sql, (persistence_id,))
+                cur = await own.execute(self._sql.highest, (persistence_id,))
                 row = await cur.fetchone()
         return int(row[0]) if row else 0
 
@@ -244,24 +293,11 @@ class EventWriter:
         payload, so the highest seq_nr never goes backwards and is never reused.
         Returns the seq_nr of that marker (0 when there was nothing to delete).
         """
-        journal = self._tables.journal
         async with self._pool.connection() as conn, conn.transaction():
             highest = await self.highest_seq_nr(persistence_id, conn)
             target = min(to_seq_nr, highest)
             if target < 1:
                 return 0
-            await conn.execute(
-                sql.SQL("DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s").format(
-                    journal=journal
-                ),
-                (persistence_id, target),
-            )
-            await conn.execute(
-                sql.SQL(
-                    "UPDATE {journal} SET deleted = true, event_payload = ''::bytea, "
-                    "meta_payload = NULL, meta_ser_id = NULL, meta_ser_manifest = NULL "
-                    "WHERE persistence_id = %s AND seq_nr = %s"
-                ).format(journal=journal),
-                (persistence_id, target),
-            )
+            await conn.execute(self._sql.delete_before, (persistence_id, target))
+            await conn.execute(self._sql.mark_deleted, (persistence_id, target))
             return target
