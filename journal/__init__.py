@@ -51,6 +51,8 @@ from journal.slices import (
 if TYPE_CHECKING:
     from journal.aggregate import AggregateRepository, Loaded
     from journal.journal import Journal
+    from journal.sync_aggregate import SyncAggregateRepository
+    from journal.sync_journal import SyncJournal
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -58,6 +60,8 @@ __getattr__, __dir__ = lazy_attributes(
         "AggregateRepository": "journal.aggregate",
         "Loaded": "journal.aggregate",
         "Journal": "journal.journal",
+        "SyncAggregateRepository": "journal.sync_aggregate",
+        "SyncJournal": "journal.sync_journal",
     },
 )
 
@@ -89,6 +93,8 @@ __all__ = [
     "SerializerRegistry",
     "SliceRange",
     "Snapshot",
+    "SyncAggregateRepository",
+    "SyncJournal",
     "TimestampOffset",
     "UnknownProjection",
     "entity_type_of",

@@ -38,7 +38,45 @@ class Loaded(Generic[S]):
 Decide = Callable[[S], Sequence[E] | Awaitable[Sequence[E]]]
 
 
-class AggregateRepository(Generic[S, E]):
+class AggregateRules(Generic[S, E]):
+    """What both repositories (async and sync) share: validation, folding, snapshot cadence."""
+
+    def __init__(
+        self,
+        *,
+        initial: Callable[[], S],
+        evolve: Callable[[S, E], S],
+        snapshot_every: int | None = 100,
+    ) -> None:
+        if snapshot_every is not None and (
+            isinstance(snapshot_every, bool)
+            or not isinstance(snapshot_every, int)
+            or snapshot_every < 1
+        ):
+            raise InvalidArgument(
+                f"snapshot_every must be an int >= 1 or None, got {snapshot_every!r}"
+            )
+        self._initial = initial
+        self._evolve = evolve
+        self._snapshot_every = snapshot_every
+        self.snapshots_saved = 0
+
+    def _fold(self, state: S, events: Sequence[E]) -> S:
+        for event in events:
+            state = self._evolve(state, event)
+        return state
+
+    def _snapshot_due(self, before: int, after: int) -> bool:
+        """Whether a write from seq_nr `before` to `after` crossed a multiple of N."""
+        every = self._snapshot_every
+        return every is not None and after // every > before // every
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        return random.uniform(0, 0.002 * attempt)
+
+
+class AggregateRepository(AggregateRules[S, E]):
     """Loads, evolves and persists aggregates of one kind.
 
     `initial` builds the state of an aggregate with no events; `evolve` applies
@@ -54,19 +92,8 @@ class AggregateRepository(Generic[S, E]):
         evolve: Callable[[S, E], S],
         snapshot_every: int | None = 100,
     ) -> None:
-        if snapshot_every is not None and (
-            isinstance(snapshot_every, bool)
-            or not isinstance(snapshot_every, int)
-            or snapshot_every < 1
-        ):
-            raise InvalidArgument(
-                f"snapshot_every must be an int >= 1 or None, got {snapshot_every!r}"
-            )
+        super().__init__(initial=initial, evolve=evolve, snapshot_every=snapshot_every)
         self._journal = journal
-        self._initial = initial
-        self._evolve = evolve
-        self._snapshot_every = snapshot_every
-        self.snapshots_saved = 0
 
     async def load(self, persistence_id: str) -> Loaded[S]:
         """Rebuild the aggregate from its snapshot and the events after it."""
@@ -103,15 +130,12 @@ class AggregateRepository(Generic[S, E]):
         """
         if not events:
             return loaded
-        state = loaded.state
-        for event in events:
-            state = self._evolve(state, event)
+        state = self._fold(loaded.state, events)
         await self._journal.append(
             loaded.persistence_id, events, expected_seq_nr=loaded.seq_nr, tags=tags, conn=conn
         )
         new_seq = loaded.seq_nr + len(events)
-        every = self._snapshot_every
-        if every is not None and conn is None and new_seq // every > loaded.seq_nr // every:
+        if conn is None and self._snapshot_due(loaded.seq_nr, new_seq):
             # Outside the append: a failed snapshot never undoes stored events.
             await self._journal.save_snapshot(loaded.persistence_id, new_seq, state)
             self.snapshots_saved += 1
@@ -139,5 +163,5 @@ class AggregateRepository(Generic[S, E]):
             except ConcurrencyError:
                 if attempt == max_attempts:
                     raise
-                await asyncio.sleep(random.uniform(0, 0.002 * attempt))
+                await asyncio.sleep(self._backoff(attempt))
         raise AssertionError("unreachable")

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from journal.dsn import display_dsn
 from journal.errors import ConnectionFailed, InvalidArgument, SchemaNotInitialized
@@ -83,7 +83,7 @@ def server_address(params: dict[str, Any]) -> str:
     return f"{host}:{port}"
 
 
-def describe(conn: AsyncConnection[Any]) -> str:
+def describe(conn: AsyncConnection[Any] | Connection[Any]) -> str:
     """Where an open connection points, as `database NAME at HOST:PORT` (for messages)."""
     info = conn.info
     return where_of({"dbname": info.dbname, "host": info.host, "port": str(info.port)})
@@ -110,21 +110,36 @@ def connection_failed(dsn: str, error: BaseException | str) -> ConnectionFailed:
     )
 
 
-async def connect(
-    dsn: str, *, connect_timeout: int, autocommit: bool = True
-) -> AsyncConnection[Any]:
-    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+@contextlib.contextmanager
+def connect_errors(dsn: str) -> Iterator[None]:
+    """Turn a driver's connect failure into `InvalidArgument` / `ConnectionFailed`."""
     parse_dsn(dsn)
     try:
-        return await psycopg.AsyncConnection.connect(
-            dsn, autocommit=autocommit, connect_timeout=connect_timeout
-        )
+        yield
     except psycopg.ProgrammingError as e:  # an option libpq rejects (bad value, unknown key)
         raise InvalidArgument(
             f"invalid DSN {display_dsn(dsn)!r}: {mask_secrets(one_line(e), dsn)}"
         ) from None
     except psycopg.OperationalError as e:
         raise connection_failed(dsn, e) from None
+
+
+async def connect(
+    dsn: str, *, connect_timeout: int, autocommit: bool = True
+) -> AsyncConnection[Any]:
+    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    with connect_errors(dsn):
+        return await psycopg.AsyncConnection.connect(
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout
+        )
+
+
+def connect_sync(dsn: str, *, connect_timeout: int, autocommit: bool = True) -> Connection[Any]:
+    """`connect` for the synchronous driver."""
+    with connect_errors(dsn):
+        return psycopg.Connection.connect(
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout
+        )
 
 
 def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str | None:
@@ -156,29 +171,55 @@ def schema_errors(tables: Tables, where: str | None = None) -> Iterator[None]:
         raise SchemaNotInitialized(tables.settings.schema, table, where) from e
 
 
+_TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+
+
+def _schema_missing(
+    conn: AsyncConnection[Any] | Connection[Any], tables: Tables
+) -> SchemaNotInitialized:
+    return SchemaNotInitialized(
+        tables.settings.schema, tables.settings.journal_table, describe(conn)
+    )
+
+
 async def ensure_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
     """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
-    name = tables.journal.as_string(conn)
-    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+    cur = await conn.execute(_TABLE_EXISTS, (tables.journal.as_string(conn),))
     row = await cur.fetchone()
     if not (row and row[0]):
-        raise SchemaNotInitialized(
-            tables.settings.schema, tables.settings.journal_table, describe(conn)
-        )
+        raise _schema_missing(conn, tables)
+
+
+def ensure_schema_sync(conn: Connection[Any], tables: Tables) -> None:
+    """`ensure_schema` for the synchronous driver."""
+    row = conn.execute(_TABLE_EXISTS, (tables.journal.as_string(conn),)).fetchone()
+    if not (row and row[0]):
+        raise _schema_missing(conn, tables)
+
+
+def _pool_kwargs(settings: JournalSettings, name: str) -> dict[str, Any]:
+    return {
+        "kwargs": {"autocommit": True, "connect_timeout": settings.connect_timeout_seconds},
+        "min_size": settings.pool_min_size,
+        "max_size": settings.pool_max_size,
+        "open": False,
+        "name": name,
+    }
+
+
+def _pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Exception) -> Exception:
+    return connection_failed(
+        dsn,
+        f"pool {name!r} could not open its {min_size} connection(s) "
+        f"within {timeout} s ({e}); is max_connections reached?",
+    )
 
 
 class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
     """A connection pool whose connections time out on connect and whose errors are typed."""
 
     def __init__(self, dsn: str, settings: JournalSettings, name: str) -> None:
-        super().__init__(
-            dsn,
-            kwargs={"autocommit": True, "connect_timeout": settings.connect_timeout_seconds},
-            min_size=settings.pool_min_size,
-            max_size=settings.pool_max_size,
-            open=False,
-            name=name,
-        )
+        super().__init__(dsn, **_pool_kwargs(settings, name))
         self._dsn = dsn
         self._tables = Tables(settings)
         self._where = where_of(parse_dsn(dsn))
@@ -189,10 +230,8 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         try:
             await self.open(wait=True, timeout=self._open_timeout)
         except PoolTimeout as e:
-            raise connection_failed(
-                self._dsn,
-                f"pool {self.name!r} could not open its {self.min_size} connection(s) "
-                f"within {self._open_timeout} s ({e}); is max_connections reached?",
+            raise _pool_timed_out(
+                self._dsn, self.name, self.min_size, self._open_timeout, e
             ) from None
 
     @contextlib.asynccontextmanager
@@ -204,3 +243,29 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         with schema_errors(self._tables, self._where):
             async with super().connection(timeout) as conn:
                 yield conn
+
+
+class SyncJournalPool(ConnectionPool[Connection[Any]]):
+    """`JournalPool` for the synchronous driver."""
+
+    def __init__(self, dsn: str, settings: JournalSettings, name: str) -> None:
+        super().__init__(dsn, **_pool_kwargs(settings, name))
+        self._dsn = dsn
+        self._tables = Tables(settings)
+        self._where = where_of(parse_dsn(dsn))
+        self._open_timeout = settings.connect_timeout_seconds
+
+    def open_checked(self) -> None:
+        """Open and wait for `min_size` connections, within the connect timeout."""
+        try:
+            self.open(wait=True, timeout=self._open_timeout)
+        except PoolTimeout as e:
+            raise _pool_timed_out(
+                self._dsn, self.name, self.min_size, self._open_timeout, e
+            ) from None
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[Connection[Any]]:
+        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`."""
+        with schema_errors(self._tables, self._where), super().connection(timeout) as conn:
+            yield conn

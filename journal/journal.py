@@ -21,12 +21,13 @@ from journal.model import EventEnvelope, Snapshot, TimestampOffset
 from journal.notifications import NotificationListener, Notifier
 from journal.query import sql as q
 from journal.query.by_persistence_id import PersistenceIdQueries, check_seq_range
+from journal.query.by_slice import check_slice_query
 from journal.query.reader import SliceReader
 from journal.rows import row_to_envelope
 from journal.schema import apply_schema
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
-from journal.slices import SliceRange, validate_entity_type, validate_persistence_id
+from journal.slices import validate_persistence_id
 from journal.snapshots import SnapshotStore
 from journal.tables import Tables
 from journal.writer import EventWriter, prepare_append
@@ -245,7 +246,7 @@ class Journal:
         `heartbeats=True`, idle periods yield heartbeat envelopes whose offset
         advances with the database clock.
         """
-        self._check_slice_args(entity_type, min_slice, max_slice, offset)
+        check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._slices.stream(
             entity_type,
             min_slice,
@@ -266,21 +267,10 @@ class Journal:
         settings: QuerySettings | None = None,
     ) -> AsyncIterator[EventEnvelope]:
         """The range's events up to the database time at the start, then the end."""
-        self._check_slice_args(entity_type, min_slice, max_slice, offset)
+        check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._slices.stream(
             entity_type, min_slice, max_slice, offset, live=False, settings=settings
         )
-
-    @staticmethod
-    def _check_slice_args(
-        entity_type: object, min_slice: object, max_slice: object, offset: object
-    ) -> None:
-        validate_entity_type(entity_type)
-        SliceRange(min_slice, max_slice)  # type: ignore[arg-type]  # validates both
-        if offset is not None and not isinstance(offset, TimestampOffset):
-            raise InvalidArgument(
-                f"offset must be a TimestampOffset or None, got {type(offset).__name__}"
-            )
 
     async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
         """One event with its payload (e.g. for a backtracking envelope), or None."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, Connection, sql
 
 from journal.settings import JournalSettings
 from journal.tables import Tables
@@ -36,9 +36,26 @@ def ddl_statements(settings: JournalSettings) -> list[sql.Composed]:
     return [sql.SQL(ddl_text(name)).format(**names) for name in DDL_FILES]
 
 
+def schema_script(
+    settings: JournalSettings,
+) -> list[tuple[sql.SQL | sql.Composed, tuple[int, ...]]]:
+    """The statements (with parameters) that apply the schema, to run in one transaction."""
+    lock: tuple[sql.SQL | sql.Composed, tuple[int, ...]] = (
+        sql.SQL("SELECT pg_advisory_xact_lock(%s)"),
+        (_INIT_LOCK_KEY,),
+    )
+    return [lock, *((statement, ()) for statement in ddl_statements(settings))]
+
+
 async def apply_schema(conn: AsyncConnection[object], settings: JournalSettings) -> None:
     """Create schema, tables and indexes if missing; running it again changes nothing."""
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK_KEY,))
-        for statement in ddl_statements(settings):
-            await conn.execute(statement)
+        for statement, params in schema_script(settings):
+            await conn.execute(statement, params)
+
+
+def apply_schema_sync(conn: Connection[object], settings: JournalSettings) -> None:
+    """`apply_schema` for a synchronous connection."""
+    with conn.transaction():
+        for statement, params in schema_script(settings):
+            conn.execute(statement, params)

@@ -40,6 +40,7 @@ from journal.errors import InvalidArgument, ProtocolError
 from journal.model import EPOCH, TimestampOffset
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
 from journal.settings import QuerySettings
+from journal.slices import SliceRange, validate_entity_type
 
 # Every decision (mode switch, backtracking start and end, bucket bound, wait)
 # is logged at DEBUG, as Pekko's query logs each of its own.
@@ -112,6 +113,18 @@ class Bucket:
 
     start: int  # epoch seconds, a multiple of BUCKET_SECONDS
     count: int
+
+
+def check_slice_query(
+    entity_type: object, min_slice: object, max_slice: object, offset: object
+) -> None:
+    """Validate a slice query's arguments (both drivers), before any I/O."""
+    validate_entity_type(entity_type)
+    SliceRange(min_slice, max_slice)  # type: ignore[arg-type]  # validates both
+    if offset is not None and not isinstance(offset, TimestampOffset):
+        raise InvalidArgument(
+            f"offset must be a TimestampOffset or None, got {type(offset).__name__}"
+        )
 
 
 def bucket_start(ts: datetime) -> int:

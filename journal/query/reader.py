@@ -93,7 +93,7 @@ class SliceReader:
                 elif isinstance(request, HeartbeatDue):
                     db_now = await self.database_time()
                     hb = machine.on_heartbeat(db_now, loop.time())
-                    yield _heartbeat(entity_type, min_slice, hb)
+                    yield heartbeat_envelope(entity_type, min_slice, hb)
                 elif isinstance(request, BucketsQuery):
                     statement, params = q.slice_buckets(
                         self._tables,
@@ -153,7 +153,7 @@ class SliceReader:
             machine.on_notification(loop.time())
 
 
-def _heartbeat(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
+def heartbeat_envelope(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
     return EventEnvelope(
         persistence_id="",
         entity_type=entity_type,
