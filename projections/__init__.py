@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
+from projections.core import ProjectionStats
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
         Mode,
         Projection,
         ProjectionError,
-        ProjectionStats,
     )
     from projections.scaling import ProjectionGroup
 
@@ -45,7 +45,6 @@ __getattr__, __dir__ = lazy_attributes(
                 "Mode",
                 "Projection",
                 "ProjectionError",
-                "ProjectionStats",
             ),
             "projections.runner",
         ),

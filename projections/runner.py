@@ -25,21 +25,23 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-import attrs
 from psycopg import AsyncConnection
 
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
 from journal.errors import InvalidArgument, JournalError
 from journal.slices import validate_entity_type
+from projections.core import (
+    MissingEvents,
+    PreviousTimestamp,
+    ProjectionStats,
+    Request,
+    admit,
+    progress_markers,
+    record_of,
+)
 from projections.management import ManagementSql, is_paused, range_key, validate_name
 from projections.offset_dao import OffsetDao
-from projections.offset_store import (
-    PROGRESS_PID,
-    PROGRESS_SEQ_NR,
-    OffsetState,
-    Record,
-    Verdict,
-)
+from projections.offset_store import OffsetState, Record
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
 
@@ -60,25 +62,6 @@ class Mode(enum.Enum):
 
 class ProjectionError(JournalError):
     """A projection stopped because its handler kept failing (or the stream failed)."""
-
-
-@attrs.define
-class ProjectionStats:
-    """Counters of one projection instance since it started."""
-
-    accepted: int = 0
-    duplicates: int = 0
-    gaps_filled: int = 0
-    skipped: int = 0
-    retries: int = 0
-    transactions: int = 0
-    cleaned_up: int = 0
-    heartbeats: int = 0
-    latest_timestamp: datetime | None = None
-
-
-def _record(env: EventEnvelope) -> Record:
-    return Record(env.slice, env.persistence_id, env.seq_nr, env.db_timestamp)
 
 
 class Projection:
@@ -316,47 +299,29 @@ class Projection:
             self.stats.latest_timestamp = env.offset.timestamp
 
     async def _validate_and_process(self, env: EventEnvelope) -> None:
-        state = self._state
-        assert state is not None
-        v = state.validate(env.persistence_id, env.seq_nr, env.slice, env.db_timestamp)
-        if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
-            previous = await self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
-            v = state.validate(
-                env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, previous
+        if self._state is None:
+            raise ProjectionError(f"projection {self.name} {self.key} is not running")
+        conversation = admit(self._state, env, self.stats, where=f"{self.name} {self.key}")
+        answer: Any = None
+        while True:  # the async side of projections.core.admit
+            try:
+                request = conversation.send(answer)
+            except StopIteration as done:
+                accepted: list[EventEnvelope] = done.value
+                break
+            answer = await self._answer(request)
+        for each in accepted:
+            await self._process(each)
+
+    async def _answer(self, request: Request) -> Any:
+        if isinstance(request, PreviousTimestamp):
+            return await self.journal.timestamp_of(request.persistence_id, request.seq_nr)
+        if isinstance(request, MissingEvents):
+            stream = self.journal.current_events_by_persistence_id(
+                request.persistence_id, request.from_seq_nr, request.to_seq_nr
             )
-        if v.verdict is Verdict.DUPLICATE:
-            self.stats.duplicates += 1
-            return
-        if v.verdict is Verdict.GAP:
-            # An earlier event of this pid has not come yet (it committed late,
-            # or the range started after it): fetch and apply the missing ones.
-            filled = self.stats.gaps_filled
-            async for missing in self.journal.current_events_by_persistence_id(
-                env.persistence_id, v.missing_from, v.missing_to
-            ):
-                self.stats.gaps_filled += 1
-                await self._validate_and_process(missing)
-            _log.info(
-                "projection %s %s: gap before %r seq_nr %d filled with %d event(s)",
-                self.name,
-                self.key,
-                env.persistence_id,
-                env.seq_nr,
-                self.stats.gaps_filled - filled,
-            )
-            v = state.validate(env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, None)
-            if not v.accepted:
-                self.stats.duplicates += 1
-                return
-        if not env.event_loaded:
-            loaded = await self.journal.load_envelope(env.persistence_id, env.seq_nr)
-            if loaded is None:  # deleted since: nothing to apply
-                self.stats.duplicates += 1
-                return
-            env = attrs.evolve(loaded, offset=env.offset, source=env.source)
-        state.accept(env.persistence_id, env.seq_nr)
-        self.stats.accepted += 1
-        await self._process(env)
+            return [e async for e in stream]
+        return await self.journal.load_envelope(request.persistence_id, request.seq_nr)
 
     async def _process(self, env: EventEnvelope) -> None:
         loop = asyncio.get_running_loop()
@@ -371,7 +336,7 @@ class Projection:
                 await self._flush()
             return
         await self._run_with_recovery([env], self._call_at_least_once)
-        self._unsaved.append(_record(env))
+        self._unsaved.append(record_of(env))
         if len(self._unsaved) >= self.settings.save_offset_after_envelopes:
             await self._flush()
 
@@ -397,7 +362,7 @@ class Projection:
         await self._run_with_recovery(envelopes, self._call_in_transaction)
 
     async def _call_in_transaction(self, envelopes: list[EventEnvelope]) -> None:
-        records = [_record(e) for e in envelopes] + self._progress_markers()
+        records = [record_of(e) for e in envelopes] + self._progress_markers()
         # Pipeline mode sends BEGIN, the handler's statements, the offsets and
         # COMMIT without waiting for each reply (a handler reading results
         # still gets them: psycopg syncs on demand).
@@ -468,7 +433,7 @@ class Projection:
                 ) from error
 
     async def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
-        records = [_record(e) for e in envelopes]
+        records = [record_of(e) for e in envelopes]
         text = f"{type(error).__name__}: {error}"
         async with self.journal.pool.connection() as conn, conn.transaction():
             for env in envelopes:
@@ -501,20 +466,16 @@ class Projection:
 
     def _progress_markers(self) -> list[Record]:
         """Markers for slices whose latest row lags the stream, at most every progress_interval."""
-        progress = self._progress
-        loop = asyncio.get_running_loop()
-        if progress is None:
+        if self._state is None:
             return []
-        if loop.time() - self._progress_saved_at < self.settings.progress_interval.total_seconds():
-            return []
-        lag = self.settings.progress_interval
-        assert self._state is not None
-        out = []
-        for s in self.slice_range:
-            latest = self._state.latest_of_slice(s)
-            if latest is None or latest.timestamp < progress - lag:
-                out.append(Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, progress))
-        return out
+        return progress_markers(
+            self._state,
+            self.slice_range,
+            self._progress,
+            self._progress_saved_at,
+            asyncio.get_running_loop().time(),
+            self.settings.progress_interval,
+        )
 
     async def _save_progress_if_due(self) -> None:
         markers = self._progress_markers()

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable
 
 from journal import SliceRange, slice_ranges
-from projections.runner import Projection, ProjectionStats
+from projections.core import ProjectionStats
+from projections.runner import Projection
 
 _log = logging.getLogger("slicejournal.projections.scaling")
 
