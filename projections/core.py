@@ -17,7 +17,7 @@ marker (with the clock injected as `now`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -144,3 +144,15 @@ def progress_markers(
         if latest is None or latest.timestamp < progress - interval:
             out.append(Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, progress))
     return out
+
+
+def converse(conversation: Admission, answer: Callable[[Request], Any]) -> list[EventEnvelope]:
+    """Run `admit` to its end with a blocking `answer(request)` (sync runner, model tests)."""
+    reply: Any = None
+    while True:
+        try:
+            request = conversation.send(reply)
+        except StopIteration as done:
+            accepted: list[EventEnvelope] = done.value
+            return accepted
+        reply = answer(request)

@@ -16,13 +16,23 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import attrs
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from journal import NUMBER_OF_SLICES, SliceRange, TimestampOffset, slice_ranges
+from journal import NUMBER_OF_SLICES, EventEnvelope, SliceRange, TimestampOffset, slice_ranges
+from projections.core import (
+    MissingEvents,
+    PreviousTimestamp,
+    ProjectionStats,
+    Request,
+    admit,
+    converse,
+    record_of,
+)
 from projections.offset_store import (
     PROGRESS_PID,
     PROGRESS_SEQ_NR,
@@ -80,6 +90,13 @@ class Ev:
     def record(self) -> Record:
         return Record(self.slice, self.pid, self.seq_nr, self.timestamp)
 
+    def envelope(self) -> EventEnvelope:
+        return EventEnvelope(self.pid, "T", self.slice, self.seq_nr, self.timestamp, "payload")
+
+
+def request_range(request: MissingEvents) -> tuple[int, int]:
+    return request.from_seq_nr, request.to_seq_nr
+
 
 def journal_order(e: Ev) -> tuple[int, int, str]:
     """The slice query's order: (db_timestamp, seq_nr)."""
@@ -117,7 +134,8 @@ class JournalModel:
 
 
 class Driver:
-    """Feeds envelopes to an `OffsetState` exactly like `Projection._validate_and_process`.
+    """Feeds envelopes through the real projection core (`projections.core.admit`),
+    answering its requests from the journal model, as the runners do from the journal.
 
     Accepted envelopes are "handled" in a pending batch; `flush` commits the
     batch (the handler's writes and the offset rows together, as exactly-once
@@ -127,6 +145,7 @@ class Driver:
     def __init__(self, state: OffsetState, model: JournalModel) -> None:
         self.state = state
         self.model = model
+        self.stats = ProjectionStats()
         self.pending: list[Record] = []
         self.committed: list[tuple[str, int]] = []
         self.accepted_order: list[tuple[str, int]] = []
@@ -140,26 +159,26 @@ class Driver:
         self.progress = e.ts if self.progress is None else max(self.progress, e.ts)
 
     def _validate_and_process(self, e: Ev) -> None:
-        state = self.state
-        v = state.validate(e.pid, e.seq_nr, e.slice, e.timestamp)
-        if v.verdict is NEEDS_PREVIOUS:
-            previous = self.model.timestamp_of(e.pid, e.seq_nr - 1)
-            v = state.validate(e.pid, e.seq_nr, e.slice, e.timestamp, previous)
-            assert v.verdict is not NEEDS_PREVIOUS
-        if v.verdict is DUPLICATE:
-            return
-        if v.verdict is GAP:
-            assert 1 <= v.missing_from <= v.missing_to < e.seq_nr
-            for missing in self.model.fetch(e.pid, v.missing_from, v.missing_to):
-                self._validate_and_process(missing)
-            v = state.validate(e.pid, e.seq_nr, e.slice, e.timestamp, None)
-            if not v.accepted:
-                self.dropped_after_gap.append(e.key)
-                return
-        assert v.verdict is ACCEPTED
-        state.accept(e.pid, e.seq_nr)
-        self.accepted_order.append(e.key)
-        self.pending.append(e.record())
+        asked_for_missing = False
+
+        def answer(request: Request) -> Any:
+            nonlocal asked_for_missing
+            if isinstance(request, PreviousTimestamp):
+                return self.model.timestamp_of(request.persistence_id, request.seq_nr)
+            if isinstance(request, MissingEvents):
+                asked_for_missing = True
+                assert 1 <= request.from_seq_nr <= request.to_seq_nr < e.seq_nr
+                fetched = self.model.fetch(request.persistence_id, *request_range(request))
+                return [m.envelope() for m in fetched]
+            raise AssertionError(f"payloads are always loaded here: {request}")
+
+        accepted = converse(admit(self.state, e.envelope(), self.stats), answer)
+        keys = [(a.persistence_id, a.seq_nr) for a in accepted]
+        if asked_for_missing and e.key not in keys:
+            self.dropped_after_gap.append(e.key)
+        for a in accepted:
+            self.accepted_order.append((a.persistence_id, a.seq_nr))
+            self.pending.append(record_of(a))
 
     def flush(self, markers: Sequence[Record] = ()) -> list[Record]:
         """Commit the pending batch (plus markers); returns the rows the store gets."""

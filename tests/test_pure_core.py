@@ -28,6 +28,7 @@ PURE_MODULES = [
     "journal.serialization",
     "journal.errors",
     "journal.query.by_slice",
+    "projections.core",
     "projections.offset_store",
     "projections.settings",
     "projections.recovery",
