@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -323,7 +323,7 @@ class SyncJournal:
         *,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
-    ) -> Iterator[EventEnvelope]:
+    ) -> Generator[EventEnvelope, None, None]:
         """A blocking, never-ending stream of the range's events (see `Journal.events_by_slices`).
 
         Close it (`contextlib.closing`, or `.close()`) to release its connection.
@@ -342,7 +342,7 @@ class SyncJournal:
         offset: TimestampOffset | None = None,
         *,
         settings: QuerySettings | None = None,
-    ) -> Iterator[EventEnvelope]:
+    ) -> Generator[EventEnvelope, None, None]:
         """The range's events up to the database time at the start, then the end."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._stream(
@@ -359,7 +359,7 @@ class SyncJournal:
         live: bool,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
-    ) -> Iterator[EventEnvelope]:
+    ) -> Generator[EventEnvelope, None, None]:
         settings = settings or self.settings.query
         end = None if live else self.database_time()
         machine = BySliceQuery(

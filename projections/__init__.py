@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         ProjectionError,
     )
     from projections.scaling import ProjectionGroup
+    from projections.sync_runner import SyncHandler, SyncProjection
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -49,6 +50,8 @@ __getattr__, __dir__ = lazy_attributes(
             "projections.runner",
         ),
         "ProjectionGroup": "projections.scaling",
+        "SyncHandler": "projections.sync_runner",
+        "SyncProjection": "projections.sync_runner",
     },
 )
 
@@ -69,6 +72,8 @@ __all__ = [
     "RangeStatus",
     "Record",
     "RecoveryStrategy",
+    "SyncHandler",
+    "SyncProjection",
     "UnknownProjection",
     "Validation",
     "Verdict",

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import attrs
 from cachetools import LRUCache
-from psycopg import AsyncConnection, AsyncRawCursor, sql
+from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor, sql
 
 from journal import SliceRange
 from journal.tables import Tables
@@ -22,13 +23,25 @@ _CACHED_BATCH_SIZES = 64  # statement texts kept, most recently used first
 _MAX_ROWS_PER_INSERT = 4096  # 4 parameters a row; PostgreSQL allows 65535 per statement
 
 
-class OffsetDao:
-    """Executes offset store statements for one projection name."""
+@attrs.frozen
+class Statement:
+    """One statement to run; `raw` ones use native `$n` placeholders (a raw cursor)."""
+
+    query: sql.SQL | sql.Composed
+    params: Any
+    raw: bool = False
+
+
+class OffsetSql:
+    """Builds the offset store's statements for one projection name; runs nothing.
+
+    Both executors below (async and sync) run exactly these statements.
+    """
 
     def __init__(self, tables: Tables, projection_name: str) -> None:
         self.name = projection_name
         t = tables.offset_store
-        self._tables = tables
+        self._table = t
         self._load = sql.SQL(
             "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
             "WHERE projection_name = %s AND slice BETWEEN %s AND %s"
@@ -50,38 +63,34 @@ class OffsetDao:
             "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
         ).format(t=t)
 
-    async def load(self, conn: AsyncConnection[Any], slices: SliceRange) -> list[Record]:
-        cur = await conn.execute(self._load, (self.name, slices.min_slice, slices.max_slice))
-        return [Record(s, p, n, ts) for s, p, n, ts in await cur.fetchall()]
+    def load(self, slices: SliceRange) -> Statement:
+        return Statement(self._load, (self.name, slices.min_slice, slices.max_slice))
 
-    async def save(self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]) -> None:
+    def save(self, key: str, records: Sequence[Record]) -> list[Statement]:
         """Insert event records and progress markers (replacing older markers of those slices)."""
         if not records:
-            return
+            return []
+        out = []
         marker_slices = [r.slice for r in records if r.is_progress]
         if marker_slices:
-            await conn.execute(
-                self._delete_markers,
-                {
-                    "name": self.name,
-                    "slices": marker_slices,
-                    "pid": PROGRESS_PID,
-                    "seq": PROGRESS_SEQ_NR,
-                },
-            )
-        await self._insert_values(conn, key, records)
+            params = {
+                "name": self.name,
+                "slices": marker_slices,
+                "pid": PROGRESS_PID,
+                "seq": PROGRESS_SEQ_NR,
+            }
+            out.append(Statement(self._delete_markers, params))
+        return out + self._insert_values(key, records)
 
-    async def _insert_values(
-        self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]
-    ) -> None:
+    def _insert_values(self, key: str, records: Sequence[Record]) -> list[Statement]:
         # A multi-row VALUES with native $n placeholders, one statement text per
         # batch size: psycopg's array dumpers cost ~3x more per batch in Python.
-        for start in range(0, len(records), _MAX_ROWS_PER_INSERT):
-            await self._insert_chunk(conn, key, records[start : start + _MAX_ROWS_PER_INSERT])
+        return [
+            self._insert_chunk(key, records[start : start + _MAX_ROWS_PER_INSERT])
+            for start in range(0, len(records), _MAX_ROWS_PER_INSERT)
+        ]
 
-    async def _insert_chunk(
-        self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]
-    ) -> None:
+    def _insert_chunk(self, key: str, records: Sequence[Record]) -> Statement:
         n = len(records)
         statement = self._values_by_size.get(n)
         if statement is None:
@@ -96,31 +105,93 @@ class OffsetDao:
                 "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
                 "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows} "
                 "ON CONFLICT DO NOTHING"
-            ).format(t=self._tables.offset_store, rows=rows)
+            ).format(t=self._table, rows=rows)
             self._values_by_size[n] = statement
         params: list[Any] = [self.name, key]
         for r in records:
             params += (r.slice, r.persistence_id, r.seq_nr, r.timestamp)
-        await AsyncRawCursor(conn).execute(statement, params)
+        return Statement(statement, params, raw=True)
+
+    def cleanup(self, slices: SliceRange, window: timedelta) -> Statement:
+        """Delete rows older than each slice's latest minus the window."""
+        params = {"name": self.name, "lo": slices.min_slice, "hi": slices.max_slice}
+        return Statement(self._cleanup, {**params, "window": window})
+
+    def clear(self, slices: SliceRange) -> Statement:
+        return Statement(self._clear, (self.name, slices.min_slice, slices.max_slice))
+
+    def set_start(self, key: str, slices: SliceRange, timestamp: datetime) -> list[Statement]:
+        """Replace the range's offsets by start markers: resume at `timestamp`, skip older."""
+        markers = [Record(s, PROGRESS_PID, START_SEQ_NR, timestamp) for s in slices]
+        return [self.clear(slices), *self._insert_values(key, markers)]
+
+
+def records_of(rows: Sequence[Sequence[Any]]) -> list[Record]:
+    return [Record(s, p, n, ts) for s, p, n, ts in rows]
+
+
+class OffsetDao:
+    """Executes offset store statements for one projection name (async driver)."""
+
+    def __init__(self, tables: Tables, projection_name: str) -> None:
+        self.name = projection_name
+        self.sql = OffsetSql(tables, projection_name)
+
+    async def _run(self, conn: AsyncConnection[Any], statement: Statement) -> int:
+        if statement.raw:
+            cur: Any = AsyncRawCursor(conn)
+            await cur.execute(statement.query, statement.params)
+        else:
+            cur = await conn.execute(statement.query, statement.params)
+        return int(cur.rowcount)
+
+    async def load(self, conn: AsyncConnection[Any], slices: SliceRange) -> list[Record]:
+        statement = self.sql.load(slices)
+        cur = await conn.execute(statement.query, statement.params)
+        return records_of(await cur.fetchall())
+
+    async def save(self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]) -> None:
+        """Insert event records and progress markers (replacing older markers of those slices)."""
+        for statement in self.sql.save(key, records):
+            await self._run(conn, statement)
 
     async def cleanup(
         self, conn: AsyncConnection[Any], slices: SliceRange, window: timedelta
     ) -> int:
         """Delete rows older than each slice's latest minus the window; returns the count."""
-        cur = await conn.execute(
-            self._cleanup,
-            {"name": self.name, "lo": slices.min_slice, "hi": slices.max_slice, "window": window},
-        )
-        return cur.rowcount
+        return await self._run(conn, self.sql.cleanup(slices, window))
 
     async def clear(self, conn: AsyncConnection[Any], slices: SliceRange) -> None:
-        await conn.execute(self._clear, (self.name, slices.min_slice, slices.max_slice))
+        await self._run(conn, self.sql.clear(slices))
 
     async def set_start(
         self, conn: AsyncConnection[Any], key: str, slices: SliceRange, timestamp: datetime
     ) -> None:
         """Replace the range's offsets by start markers: resume at `timestamp`, skip older."""
-        await self.clear(conn, slices)
-        await self._insert_values(
-            conn, key, [Record(s, PROGRESS_PID, START_SEQ_NR, timestamp) for s in slices]
-        )
+        for statement in self.sql.set_start(key, slices, timestamp):
+            await self._run(conn, statement)
+
+
+class SyncOffsetDao:
+    """Executes offset store statements for one projection name (sync driver)."""
+
+    def __init__(self, tables: Tables, projection_name: str) -> None:
+        self.name = projection_name
+        self.sql = OffsetSql(tables, projection_name)
+
+    def _run(self, conn: Connection[Any], statement: Statement) -> int:
+        if statement.raw:
+            cur: Any = RawCursor(conn)
+            cur.execute(statement.query, statement.params)
+        else:
+            cur = conn.execute(statement.query, statement.params)
+        return int(cur.rowcount)
+
+    def load(self, conn: Connection[Any], slices: SliceRange) -> list[Record]:
+        statement = self.sql.load(slices)
+        return records_of(conn.execute(statement.query, statement.params).fetchall())
+
+    def save(self, conn: Connection[Any], key: str, records: Sequence[Record]) -> None:
+        """Insert event records and progress markers (replacing older markers of those slices)."""
+        for statement in self.sql.save(key, records):
+            self._run(conn, statement)
