@@ -12,7 +12,6 @@ from psycopg import Connection, sql
 
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange, SyncJournal
 from projections import Projection, ProjectionError, RecoveryStrategy, SyncProjection
-
 from tests import bank
 from tests.test_projections import FAST, assert_exact, bank_journal, journal_settings
 
