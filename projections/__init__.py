@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
 from projections.core import ProjectionStats
+from projections.names import range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
 
 # The runners and management load psycopg and asyncio: imported on first use.
 if TYPE_CHECKING:
-    from projections.management import DeadLetter, ProjectionManagement, RangeStatus, range_key
+    from projections.management import DeadLetter, ProjectionManagement, RangeStatus
     from projections.runner import (
         AtLeastOnceHandler,
         GroupedHandler,
@@ -35,7 +36,7 @@ __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         **dict.fromkeys(
-            ("DeadLetter", "ProjectionManagement", "RangeStatus", "range_key"),
+            ("DeadLetter", "ProjectionManagement", "RangeStatus"),
             "projections.management",
         ),
         **dict.fromkeys(

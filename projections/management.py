@@ -20,24 +20,11 @@ from psycopg import AsyncConnection, sql
 
 from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
+from projections.names import range_key, validate_name
 from projections.offset_dao import OffsetDao
 
 ALL_RANGES = "*"
 FULL_RANGE = SliceRange(0, 1023)
-
-
-def range_key(slices: SliceRange) -> str:
-    """The projection key of an instance: its slice range, as Pekko names it."""
-    return f"{slices.min_slice}-{slices.max_slice}"
-
-
-def validate_name(name: object) -> str:
-    """Return `name` if it can name a projection, else raise `InvalidArgument`."""
-    if not isinstance(name, str) or not name or len(name) > 255 or "\x00" in name:
-        raise InvalidArgument(
-            f"projection name must be a non-empty str up to 255 chars, got {name!r}"
-        )
-    return name
 
 
 @attrs.frozen

@@ -28,8 +28,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
-from journal.errors import InvalidArgument, JournalError
-from journal.slices import validate_entity_type
+from journal.errors import JournalError
 from projections.core import (
     MissingEvents,
     PreviousTimestamp,
@@ -39,7 +38,8 @@ from projections.core import (
     progress_markers,
     record_of,
 )
-from projections.management import ManagementSql, is_paused, range_key, validate_name
+from projections.management import ManagementSql, is_paused
+from projections.names import check_instance
 from projections.offset_dao import OffsetDao
 from projections.offset_store import OffsetState, Record
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -80,17 +80,12 @@ class Projection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
     ) -> None:
-        if not isinstance(slice_range, SliceRange):
-            raise InvalidArgument(
-                f"slice_range must be a SliceRange, got {type(slice_range).__name__}"
-            )
-        if not callable(handler):
-            raise InvalidArgument("handler must be an async callable")
+        instance = check_instance(name, entity_type, slice_range, handler)
         self.journal = journal
-        self.name = validate_name(name)
-        self.entity_type = entity_type
-        self.slice_range = slice_range
-        self.key = range_key(slice_range)
+        self.name = instance.name
+        self.entity_type = instance.entity_type
+        self.slice_range = instance.slice_range
+        self.key = instance.key
         self.mode = mode
         self.settings = settings or ProjectionSettings()
         self.recovery = recovery or RecoveryStrategy.fail()
@@ -108,7 +103,6 @@ class Projection:
         self._progress: datetime | None = None
         self._progress_saved_at = 0.0
         self._was_paused = False
-        validate_entity_type(entity_type)  # now, not later in the pump task
 
     # -- construction --------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from psycopg import Connection
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope
 from journal.settings import QuerySettings
-from journal.slices import SliceRange, validate_entity_type
+from journal.slices import SliceRange
 from journal.sync_journal import SyncJournal
 from projections.core import (
     MissingEvents,
@@ -38,7 +38,7 @@ from projections.core import (
     progress_markers,
     record_of,
 )
-from projections.management import range_key, validate_name
+from projections.names import check_instance
 from projections.offset_dao import SyncOffsetDao
 from projections.offset_store import OffsetState, Record
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -65,20 +65,15 @@ class SyncProjection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
     ) -> None:
-        if not isinstance(slice_range, SliceRange):
-            raise InvalidArgument(
-                f"slice_range must be a SliceRange, got {type(slice_range).__name__}"
-            )
-        if not callable(handler):
-            raise InvalidArgument("handler must be a callable (conn, envelope) -> None")
+        instance = check_instance(name, entity_type, slice_range, handler)
         recovery = recovery or RecoveryStrategy.fail()
         if recovery.on_failure is OnFailure.RETRY_AND_SKIP:
             raise InvalidArgument("the synchronous runner supports fail and retry_and_fail")
         self.journal = journal
-        self.name = validate_name(name)
-        self.entity_type = validate_entity_type(entity_type)
-        self.slice_range = slice_range
-        self.key = range_key(slice_range)
+        self.name = instance.name
+        self.entity_type = instance.entity_type
+        self.slice_range = instance.slice_range
+        self.key = instance.key
         self.settings = settings or ProjectionSettings()
         self.recovery = recovery
         self.query_settings = query_settings

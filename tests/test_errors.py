@@ -33,7 +33,7 @@ from journal import (
 )
 from journal.dsn import display_dsn
 from projections import Projection, ProjectionManagement
-from projections.management import validate_name
+from projections.names import validate_name
 from tests.conftest import drop_test_schema
 
 PASSWORD = "s3cr3t-Pa55w0rd"

@@ -29,6 +29,7 @@ PURE_MODULES = [
     "journal.errors",
     "journal.query.by_slice",
     "projections.core",
+    "projections.names",
     "projections.offset_store",
     "projections.settings",
     "projections.recovery",

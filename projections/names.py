@@ -1,0 +1,49 @@
+"""How projection instances are named and checked, for every runner and for management.
+
+Pure: a projection's name and its instance key (the slice range, as Pekko
+names it) are validated the same way wherever an instance is built.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from journal.errors import InvalidArgument
+from journal.slices import SliceRange, validate_entity_type
+
+
+def range_key(slices: SliceRange) -> str:
+    """The projection key of an instance: its slice range, as Pekko names it."""
+    return f"{slices.min_slice}-{slices.max_slice}"
+
+
+def validate_name(name: object) -> str:
+    """Return `name` if it can name a projection, else raise `InvalidArgument`."""
+    if not isinstance(name, str) or not name or len(name) > 255 or "\x00" in name:
+        raise InvalidArgument(
+            f"projection name must be a non-empty str up to 255 chars, got {name!r}"
+        )
+    return name
+
+
+@attrs.frozen
+class Instance:
+    """A validated projection instance: name, entity type, slice range and its key."""
+
+    name: str
+    entity_type: str
+    slice_range: SliceRange
+    key: str
+
+
+def check_instance(
+    name: object, entity_type: object, slice_range: object, handler: object
+) -> Instance:
+    """Validate what every runner is built from, before anything runs."""
+    if not isinstance(slice_range, SliceRange):
+        raise InvalidArgument(f"slice_range must be a SliceRange, got {type(slice_range).__name__}")
+    if not callable(handler):
+        raise InvalidArgument("handler must be a callable")
+    return Instance(
+        validate_name(name), validate_entity_type(entity_type), slice_range, range_key(slice_range)
+    )
