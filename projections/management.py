@@ -13,17 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import attrs
-from psycopg import AsyncConnection, sql
 
 from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
-from projections.names import range_key, validate_name
+from projections.management_sql import ManagementSql, is_paused
+from projections.names import ALL_RANGES, range_key, validate_name
 from projections.offset_dao import OffsetDao
 
-ALL_RANGES = "*"
 FULL_RANGE = SliceRange(0, 1023)
 
 
@@ -61,50 +59,12 @@ class DeadLetter:
     failed_at: datetime
 
 
-class ManagementSql:
-    """The statements on projection_management and the dead-letter table."""
-
-    def __init__(self, journal: Journal) -> None:
-        t = journal.tables
-        self.upsert = sql.SQL(
-            "INSERT INTO {m} (projection_name, projection_key, paused, last_updated) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name, projection_key) "
-            "DO UPDATE SET paused = excluded.paused, last_updated = excluded.last_updated"
-        ).format(m=t.management)
-        self.paused_keys = sql.SQL(
-            "SELECT projection_key FROM {m} WHERE projection_name = %s AND paused"
-        ).format(m=t.management)
-        self.dead_letter = sql.SQL(
-            "INSERT INTO {d} (projection_name, projection_key, slice, persistence_id, seq_nr, "
-            "db_timestamp, error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-        ).format(d=t.dead_letter)
-        self.dead_letters = sql.SQL(
-            "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at FROM {d} "
-            "WHERE projection_name = %s ORDER BY failed_at, persistence_id, seq_nr"
-        ).format(d=t.dead_letter)
-        self.offsets = sql.SQL(
-            "SELECT max(latest), min(latest), count(*) FROM ("
-            "  SELECT slice, max(timestamp_offset) AS latest FROM {o} "
-            "  WHERE projection_name = %s AND slice BETWEEN %s AND %s GROUP BY slice) AS s"
-        ).format(o=t.offset_store)
-        self.known = sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM {o} WHERE projection_name = %(n)s) "
-            "OR EXISTS (SELECT 1 FROM {m} WHERE projection_name = %(n)s) "
-            "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s)"
-        ).format(o=t.offset_store, m=t.management, d=t.dead_letter)
-        self.head = sql.SQL(
-            "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
-            "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
-            "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
-        ).format(j=t.journal)
-
-
 class ProjectionManagement:
     """Pause, resume, set or clear offsets, read status — by projection name."""
 
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
-        self._sql = ManagementSql(journal)
+        self._sql = ManagementSql(journal.tables)
 
     async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
         key = ALL_RANGES if slices is None else range_key(_check_range(slices))
@@ -185,21 +145,6 @@ class ProjectionManagement:
         async with self._journal.pool.connection() as conn:
             cur = await conn.execute(self._sql.dead_letters, (validate_name(name),))
             return [DeadLetter(*row) for row in await cur.fetchall()]
-
-
-async def is_paused(
-    conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
-) -> bool:
-    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
-    cur = await conn.execute(statements.paused_keys, (name,))
-    for (key,) in await cur.fetchall():
-        if key == ALL_RANGES:
-            return True
-        lo, _, hi = key.partition("-")
-        overlaps = lo.isdigit() and hi.isdigit() and int(lo) <= slices.max_slice
-        if overlaps and slices.min_slice <= int(hi):
-            return True
-    return False
 
 
 def _check_ranges(ranges: object) -> list[SliceRange]:

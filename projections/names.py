@@ -11,6 +11,8 @@ import attrs
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange, validate_entity_type
 
+ALL_RANGES = "*"  # the management key that pauses every instance
+
 
 def range_key(slices: SliceRange) -> str:
     """The projection key of an instance: its slice range, as Pekko names it."""

@@ -38,7 +38,7 @@ from projections.core import (
     progress_markers,
     record_of,
 )
-from projections.management import ManagementSql, is_paused
+from projections.management_sql import ManagementSql, is_paused
 from projections.names import check_instance
 from projections.offset_dao import OffsetDao
 from projections.offset_store import OffsetState, Record
@@ -93,7 +93,7 @@ class Projection:
         self.stats = ProjectionStats()
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
-        self._management = ManagementSql(journal)
+        self._management = ManagementSql(journal.tables)
         self._state: OffsetState | None = None
         self._stop = asyncio.Event()
         self._running = False

@@ -1,0 +1,74 @@
+"""The statements on projection_management and the dead-letter table.
+
+Built from `Tables` and shared by the runners (pause checks, dead letters)
+and by the operators' `ProjectionManagement`, so the runners never import
+the operators' module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.names import ALL_RANGES
+
+
+class ManagementSql:
+    """The statements on projection_management and the dead-letter table."""
+
+    def __init__(self, tables: Tables) -> None:
+        t = tables
+        self.upsert = sql.SQL(
+            "INSERT INTO {m} (projection_name, projection_key, paused, last_updated) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name, projection_key) "
+            "DO UPDATE SET paused = excluded.paused, last_updated = excluded.last_updated"
+        ).format(m=t.management)
+        self.paused_keys = sql.SQL(
+            "SELECT projection_key FROM {m} WHERE projection_name = %s AND paused"
+        ).format(m=t.management)
+        self.dead_letter = sql.SQL(
+            "INSERT INTO {d} (projection_name, projection_key, slice, persistence_id, seq_nr, "
+            "db_timestamp, error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(d=t.dead_letter)
+        self.dead_letters = sql.SQL(
+            "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at FROM {d} "
+            "WHERE projection_name = %s ORDER BY failed_at, persistence_id, seq_nr"
+        ).format(d=t.dead_letter)
+        self.offsets = sql.SQL(
+            "SELECT max(latest), min(latest), count(*) FROM ("
+            "  SELECT slice, max(timestamp_offset) AS latest FROM {o} "
+            "  WHERE projection_name = %s AND slice BETWEEN %s AND %s GROUP BY slice) AS s"
+        ).format(o=t.offset_store)
+        self.known = sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {o} WHERE projection_name = %(n)s) "
+            "OR EXISTS (SELECT 1 FROM {m} WHERE projection_name = %(n)s) "
+            "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s)"
+        ).format(o=t.offset_store, m=t.management, d=t.dead_letter)
+        self.head = sql.SQL(
+            "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
+            "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
+            "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
+        ).format(j=t.journal)
+
+
+async def is_paused(
+    conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
+) -> bool:
+    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
+    cur = await conn.execute(statements.paused_keys, (name,))
+    return pauses(slices, [key for (key,) in await cur.fetchall()])
+
+
+def pauses(slices: SliceRange, paused_keys: list[str]) -> bool:
+    """Whether any paused key ("*" or "min-max") holds an instance over `slices`."""
+    for key in paused_keys:
+        if key == ALL_RANGES:
+            return True
+        lo, _, hi = key.partition("-")
+        overlaps = lo.isdigit() and hi.isdigit() and int(lo) <= slices.max_slice
+        if overlaps and slices.min_slice <= int(hi):
+            return True
+    return False
