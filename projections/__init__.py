@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
-from projections.core import ProjectionStats
+from projections.core import Mode, ProjectionStats
 from projections.names import range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
         AtLeastOnceHandler,
         GroupedHandler,
         Handler,
-        Mode,
         Projection,
         ProjectionError,
     )
@@ -44,7 +43,6 @@ __getattr__, __dir__ = lazy_attributes(
                 "AtLeastOnceHandler",
                 "GroupedHandler",
                 "Handler",
-                "Mode",
                 "Projection",
                 "ProjectionError",
             ),

@@ -10,12 +10,14 @@ already accepted as in flight. The async runner answers with awaits, the
 synchronous runner with blocking calls, the model tests with an in-memory
 journal — all three run this same code.
 
-`progress_markers` is the other shared decision: which slices get a progress
-marker (with the clock injected as `now`).
+`Batcher` decides, per delivery mode, when accepted envelopes are committed
+(or, at-least-once, when their offsets are saved), and `progress_markers`
+which slices get a progress marker — both with the clock injected as `now`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Generator, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -31,6 +33,7 @@ from projections.offset_store import (
     Record,
     Verdict,
 )
+from projections.settings import ProjectionSettings
 
 _log = logging.getLogger("slicejournal.projections.core")
 
@@ -156,3 +159,57 @@ def converse(conversation: Admission, answer: Callable[[Request], Any]) -> list[
             accepted: list[EventEnvelope] = done.value
             return accepted
         reply = answer(request)
+
+
+class Mode(enum.Enum):
+    """Delivery mode of a projection instance."""
+
+    EXACTLY_ONCE = "exactly_once"
+    GROUPED = "grouped"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+@attrs.define
+class Batcher:
+    """When accepted envelopes go out, per delivery mode.
+
+    exactly-once: each envelope at once (one transaction each); grouped: a
+    batch after `group_after_envelopes` or `group_after_duration`;
+    at-least-once: the handler already ran, and the offsets of a batch are
+    saved after `save_offset_after_envelopes` or `save_offset_after_duration`.
+    """
+
+    mode: Mode
+    size: int
+    wait: float
+    pending: list[EventEnvelope] = attrs.field(factory=list)
+    started: float = 0.0
+
+    @classmethod
+    def for_mode(cls, mode: Mode, settings: ProjectionSettings) -> Batcher:
+        if mode is Mode.AT_LEAST_ONCE:
+            size, wait = settings.save_offset_after_envelopes, settings.save_offset_after_duration
+        else:
+            size, wait = settings.group_after_envelopes, settings.group_after_duration
+        return cls(mode, size, wait.total_seconds())
+
+    @property
+    def empty(self) -> bool:
+        return not self.pending
+
+    def add(self, env: EventEnvelope, now: float) -> list[EventEnvelope]:
+        """The batch that is due now because of `env` (empty: wait for more or the clock)."""
+        if self.mode is Mode.EXACTLY_ONCE:
+            return [env]
+        if not self.pending:
+            self.started = now
+        self.pending.append(env)
+        return self.take() if len(self.pending) >= self.size else []
+
+    def due(self) -> float:
+        """When the pending batch must go out even if nothing else arrives."""
+        return self.started + self.wait if self.pending else float("inf")
+
+    def take(self) -> list[EventEnvelope]:
+        batch, self.pending = self.pending, []
+        return batch

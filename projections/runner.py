@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -30,7 +29,9 @@ from psycopg import AsyncConnection
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
 from journal.errors import JournalError
 from projections.core import (
+    Batcher,
     MissingEvents,
+    Mode,
     PreviousTimestamp,
     ProjectionStats,
     Request,
@@ -52,12 +53,6 @@ _log = logging.getLogger("slicejournal.projections.runner")
 Handler = Callable[[AsyncConnection[Any], EventEnvelope], Awaitable[None]]
 GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable[None]]
 AtLeastOnceHandler = Callable[[EventEnvelope], Awaitable[None]]
-
-
-class Mode(enum.Enum):
-    EXACTLY_ONCE = "exactly_once"
-    GROUPED = "grouped"
-    AT_LEAST_ONCE = "at_least_once"
 
 
 class ProjectionError(JournalError):
@@ -97,9 +92,7 @@ class Projection:
         self._state: OffsetState | None = None
         self._stop = asyncio.Event()
         self._running = False
-        self._batch: list[EventEnvelope] = []
-        self._unsaved: list[Record] = []
-        self._batch_started = 0.0
+        self._batcher = Batcher.for_mode(mode, self.settings)
         self._progress: datetime | None = None
         self._progress_saved_at = 0.0
         self._was_paused = False
@@ -283,7 +276,7 @@ class Projection:
     async def _handle(self, env: EventEnvelope) -> None:
         if env.is_heartbeat:
             self.stats.heartbeats += 1
-            if not self._batch and not self._unsaved and env.offset is not None:
+            if self._batcher.empty and env.offset is not None:
                 self._progress = env.offset.timestamp
                 await self._save_progress_if_due()
             return
@@ -318,36 +311,25 @@ class Projection:
         return await self.journal.load_envelope(request.persistence_id, request.seq_nr)
 
     async def _process(self, env: EventEnvelope) -> None:
-        loop = asyncio.get_running_loop()
-        if self.mode is Mode.EXACTLY_ONCE:
-            await self._commit([env])
-            return
-        if not self._batch and not self._unsaved:
-            self._batch_started = loop.time()
-        if self.mode is Mode.GROUPED:
-            self._batch.append(env)
-            if len(self._batch) >= self.settings.group_after_envelopes:
-                await self._flush()
-            return
-        await self._run_with_recovery([env], self._call_at_least_once)
-        self._unsaved.append(record_of(env))
-        if len(self._unsaved) >= self.settings.save_offset_after_envelopes:
-            await self._flush()
+        if self.mode is Mode.AT_LEAST_ONCE:
+            await self._run_with_recovery([env], self._call_at_least_once)
+        due = self._batcher.add(env, asyncio.get_running_loop().time())
+        if due:
+            await self._deliver(due)
 
     def _flush_due(self) -> float:
-        if self.mode is Mode.GROUPED and self._batch:
-            return self._batch_started + self.settings.group_after_duration.total_seconds()
-        if self.mode is Mode.AT_LEAST_ONCE and self._unsaved:
-            return self._batch_started + self.settings.save_offset_after_duration.total_seconds()
-        return float("inf")
+        return self._batcher.due()
 
     async def _flush(self) -> None:
-        if self._batch:
-            batch, self._batch = self._batch, []
+        batch = self._batcher.take()
+        if batch:
+            await self._deliver(batch)
+
+    async def _deliver(self, batch: list[EventEnvelope]) -> None:
+        if self.mode is Mode.AT_LEAST_ONCE:
+            await self._save([record_of(e) for e in batch])
+        else:
             await self._commit(batch)
-        if self._unsaved:
-            records, self._unsaved = self._unsaved, []
-            await self._save(records)
 
     # -- transactions ---------------------------------------------------------------------------
 
