@@ -350,8 +350,22 @@ def test_heartbeat_when_idle() -> None:
     assert out == []
     assert isinstance(machine.next_request(2.5), HeartbeatDue)
     hb = machine.on_heartbeat(at(2.5), 2.5)
-    assert hb.timestamp == at(2.5) - timedelta(seconds=0.1)
+    # The last query that reached the tail was asked for at 1.0: that far, minus the lag.
+    assert hb.timestamp == at(1.0) - timedelta(seconds=0.1)
     assert not isinstance(machine.next_request(2.6), HeartbeatDue)
+
+
+def test_a_heartbeat_never_passes_a_row_not_yet_read() -> None:
+    """A heartbeat falling due before the next poll must not claim rows written since the
+    last one (a progress marker at its offset would skip them after a restart)."""
+    machine = BySliceQuery(fast(heartbeat_interval=2.0), heartbeats=True, now=0.0)
+    model = Model([Ev("a", 1, 1.2, 1.2)])  # written after the poll at 1.0
+    assert drive(machine, model, start=0.0, until=1.99) == []
+    assert isinstance(machine.next_request(2.0), HeartbeatDue)
+    hb = machine.on_heartbeat(at(2.0), 2.0)
+    assert hb.timestamp < at(1.2)
+    out = drive(machine, model, start=2.0, until=5.0)
+    assert [o.ev for o in out] == [("a", 1)]
 
 
 @pytest.mark.parametrize(

@@ -190,6 +190,10 @@ class BySliceQuery:
         self._wait: Wait | None = None
         self._pending_notifications: list[float] = []
         self._last_emit = now
+        # When (monotonic) the last normal query that reached the tail was asked
+        # for: everything older than the database time then, minus the lag, was read.
+        self._tail_read_at: float | None = None
+        self._asked_at = now
         self._done = False
         # Statistics for tests and benchmarks.
         self.queries = 0
@@ -200,6 +204,7 @@ class BySliceQuery:
 
     def next_request(self, now: float) -> Request:
         """What the driver should do next (call again after a wait or a notification)."""
+        self._asked_at = now
         if self._done:
             return Done()
         if self.heartbeats and now >= self._heartbeat_due():
@@ -412,6 +417,8 @@ class BySliceQuery:
         self._last_full = full
         if full:
             self._buckets = None  # catching up again: recount from here
+        else:
+            self._tail_read_at = self._asked_at
         if not self.live:
             if not full:
                 self._done = True
@@ -446,11 +453,18 @@ class BySliceQuery:
             self._wait = Wait(due)
 
     def on_heartbeat(self, db_now: datetime, now: float) -> TimestampOffset:
-        """Offset of an idle heartbeat: everything older than the query's lag was delivered."""
+        """Offset of an idle heartbeat: as far as the last query that reached the tail read.
+
+        Not `db_now - behind_current_time`: rows written since that query (with
+        older timestamps than `db_now` minus the lag) have not been read yet, and
+        a progress marker at the heartbeat's offset must not pass them.
+        """
         self._last_emit = now
-        return TimestampOffset(
-            max(db_now - self.settings.behind_current_time, self.latest.timestamp), db_now, {}
-        )
+        horizon = self.latest.timestamp
+        if self._tail_read_at is not None:
+            since = timedelta(seconds=max(0.0, now - self._tail_read_at))
+            horizon = max(horizon, db_now - since - self.settings.behind_current_time)
+        return TimestampOffset(horizon, db_now, {})
 
     @property
     def done(self) -> bool:
