@@ -14,6 +14,7 @@ import asyncio
 import random
 import statistics
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ from psycopg import AsyncConnection, sql
 
 from journal.aggregate import AggregateRepository
 from journal.dsn import display_dsn
+from journal.errors import JournalError
 from journal.journal import Journal
 from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
@@ -110,6 +112,18 @@ class BalancesReadModel:
         return {a: b for a, b in await cur.fetchall()}
 
 
+# A demo that stalls says so instead of hanging (every step normally takes < 1 s).
+STALL_LIMIT = 60.0
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str) -> None:
+    try:
+        async with asyncio.timeout(STALL_LIMIT):
+            await step
+    except TimeoutError:
+        raise JournalError(f"{what} did not finish within {STALL_LIMIT:.0f} s") from None
+
+
 def split_evenly(total: int, parts: int) -> list[int]:
     """`total` as `parts` counts that differ by at most one."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
@@ -174,21 +188,28 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
             if writers.done() and writers.exception() is not None:
                 await group.stop()
                 await writers  # raises the writer's error
-            await group.rescale(instances)
+            await _bounded(group.rescale(instances), f"rescaling to {instances} instances")
             print(
                 f"rescale  {written} events written: projection now runs "
                 f"{instances} instances over slice ranges of {1024 // instances}"
             )
         await writers
         write_s = time.perf_counter() - started
-        projected = 0
+        projected, progressed_at = 0, time.monotonic()
         while projected < written:
             if (failure := group.failed()) is not None:
                 raise failure
+            if time.monotonic() - progressed_at > STALL_LIMIT:
+                raise JournalError(
+                    f"the projection made no progress for {STALL_LIMIT:.0f} s "
+                    f"({projected} of {written} events projected)"
+                )
             await asyncio.sleep(0.05)
-            projected = sum(s.accepted for s in group.stats())
+            now_projected = sum(s.accepted for s in group.stats())
+            if now_projected > projected:
+                projected, progressed_at = now_projected, time.monotonic()
         project_s = time.perf_counter() - started
-        await group.stop()
+        await _bounded(group.stop(), "stopping the projection")
         duplicates = sum(s.duplicates for s in group.stats())
 
         async with journal.pool.connection() as conn:
