@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
-from projections.core import Mode, ProjectionStats
+from projections.core import Mode, ProjectionCore, ProjectionStats
 from projections.names import range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -63,6 +63,7 @@ __all__ = [
     "OffsetState",
     "OnFailure",
     "Projection",
+    "ProjectionCore",
     "ProjectionError",
     "ProjectionGroup",
     "ProjectionManagement",

@@ -1,31 +1,50 @@
-"""The projection core, sans I/O: what to do with each envelope, for every runner.
+"""The projection core, sans I/O: everything a projection instance decides, for every driver.
 
-Admitting an envelope is a conversation: validate it against the offset store;
-maybe ask for the previous event's timestamp; on a gap ask for the missing
-events and admit those first; for a backtracked envelope ask for its payload.
-`admit` is that conversation as a generator (the pattern of psycopg's
-`generators.py`): it *yields* a request, the driver answers with `send()`, and
-it finally *returns* the envelopes to hand to the handler, in order, each
-already accepted as in flight. The async runner answers with awaits, the
-synchronous runner with blocking calls, the model tests with an in-memory
-journal — all three run this same code.
+No asyncio, no psycopg, no clock of its own: every method that needs time
+takes `now` (monotonic seconds on the driver's clock). Three drivers run it —
+the async runner (`runner.py`, awaits), the synchronous one (`sync_runner.py`,
+blocking calls) and the offset-store model tests (an in-memory journal).
 
-`Batcher` decides, per delivery mode, when accepted envelopes are committed
-(or, at-least-once, when their offsets are saved), and `progress_markers`
-which slices get a progress marker — both with the clock injected as `now`.
+`ProjectionCore` is the object they drive, in h11's style: inputs go in
+(`offer(env, now)`, and one outcome per action: `answer`, `handled`,
+`committed`, `skipped`, `failed`), and each call returns the next `Action`
+(small frozen values) or None — nothing to do until the next envelope or
+`next_deadline()`, when `poll(now)` hands out a batch whose time is up:
+
+* `PreviousTimestamp` / `MissingEvents` / `LoadPayload` — the validation
+  conversation: the previous event's timestamp of an unknown pid, the events
+  missing before a gap (admitted first, in order), the payload of a
+  backtracked envelope (None: deleted since, dropped);
+* `Handle` — at-least-once: run the handler outside any transaction;
+* `Commit` — exactly-once (one envelope) or grouped (a batch by
+  `group_after_envelopes` / `group_after_duration`): the handler and the
+  offset rows (events, then the progress markers due) in one transaction;
+* `SaveOffsets` — at-least-once offsets (every `save_offset_after_envelopes`
+  / `save_offset_after_duration`) or a heartbeat's progress markers.
+
+Inside, `admit` is the validation conversation as a generator (the pattern of
+psycopg's `generators.py`: it yields requests and returns the envelopes to
+hand out), `Batcher` batches per delivery mode and `progress_markers` picks
+the slices that lag, at most every `progress_interval`.
+
+What stays in the drivers is I/O policy: retries with backoff (they sleep)
+and dead letters (they write) — the core learns only the outcome, `skipped`
+or `failed` — and the pause checks and the cleanup timer, which are a poll
+and a timestamp each and would gain nothing from a round trip through here.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 
-from journal.model import EventEnvelope
+from journal.model import EventEnvelope, TimestampOffset
 from projections.offset_store import (
     PROGRESS_PID,
     PROGRESS_SEQ_NR,
@@ -88,7 +107,12 @@ def record_of(env: EventEnvelope) -> Record:
 
 
 def admit(
-    state: OffsetState, env: EventEnvelope, stats: ProjectionStats, *, where: str = ""
+    state: OffsetState,
+    env: EventEnvelope,
+    stats: ProjectionStats,
+    *,
+    where: str = "",
+    log: logging.Logger = _log,
 ) -> Admission:
     """Validate `env`; yields `Request`s, returns the envelopes to handle (gap fillers first)."""
     pid, seq_nr = env.persistence_id, env.seq_nr
@@ -106,8 +130,8 @@ def admit(
         missing: Sequence[EventEnvelope] = yield MissingEvents(pid, v.missing_from, v.missing_to)
         for earlier in missing:
             stats.gaps_filled += 1
-            accepted += yield from admit(state, earlier, stats, where=where)
-        _log.info(
+            accepted += yield from admit(state, earlier, stats, where=where, log=log)
+        log.info(
             "projection %s: gap before %r seq_nr %d filled with %d event(s)",
             where,
             pid,
@@ -213,3 +237,276 @@ class Batcher:
     def take(self) -> list[EventEnvelope]:
         batch, self.pending = self.pending, []
         return batch
+
+
+# -- the core object: actions out, outcomes in ----------------------------------------------------
+
+
+@attrs.frozen
+class Handle:
+    """At-least-once: run the handler on `envelope`, outside any transaction.
+
+    Answer with `handled(now)`, `skipped(now)` (dead-lettered after retries)
+    or `failed()`.
+    """
+
+    envelope: EventEnvelope
+
+
+@attrs.frozen
+class Commit:
+    """Exactly-once / grouped: the handler on `envelopes` and `records` in one transaction.
+
+    `records` are the envelopes' offset rows (`events`) followed by the
+    progress markers due. Answer with `committed(now)`; `skipped(now)` if
+    the envelopes were dead-lettered instead (their `events` rows written in
+    that transaction, no markers); or `failed()`.
+    """
+
+    envelopes: tuple[EventEnvelope, ...]
+    events: tuple[Record, ...]
+    markers: tuple[Record, ...] = ()
+
+    @property
+    def records(self) -> list[Record]:
+        return [*self.events, *self.markers]
+
+
+@attrs.frozen
+class SaveOffsets:
+    """Write `records` in a transaction of their own (at-least-once offsets, or progress
+    markers from a heartbeat), then `committed(now)`."""
+
+    records: tuple[Record, ...]
+
+
+Action = PreviousTimestamp | MissingEvents | LoadPayload | Handle | Commit | SaveOffsets
+
+
+class ProtocolError(RuntimeError):
+    """The driver called the core out of turn (a bug in the driver)."""
+
+
+class ProjectionCore:
+    """Everything one projection instance decides, as a plain object (h11's style).
+
+    The driver feeds it envelopes with `offer(env, now)` and gets back the
+    next `Action`, or None when there is nothing to do until the next
+    envelope or `next_deadline()`. Every action is answered by exactly one
+    call, which returns the next action:
+
+    * `PreviousTimestamp` / `MissingEvents` / `LoadPayload` -> `answer(reply, now)`;
+    * `Handle` -> `handled(now)` | `skipped(now)` | `failed()`;
+    * `Commit` -> `committed(now)` | `skipped(now)` | `failed()`;
+    * `SaveOffsets` -> `committed(now)`.
+
+    `poll(now)` hands out a batch whose time is up, `flush(now)` the pending
+    batch whatever its age (pause, stop). The clock is injected: `now` is
+    monotonic seconds, on whatever clock the driver uses.
+
+    The driver keeps the I/O policy: retries with backoff and dead letters
+    (they sleep and write; the core only learns the outcome), the pause
+    checks and the cleanup timer (`cleaned_up` tells the core). It pickles
+    between envelopes, not in the middle of an admission conversation.
+    """
+
+    def __init__(
+        self,
+        mode: Mode,
+        settings: ProjectionSettings,
+        slices: Iterable[int],
+        *,
+        stats: ProjectionStats | None = None,
+        state: OffsetState | None = None,
+        where: str = "",
+        log: logging.Logger = _log,
+    ) -> None:
+        self.mode = mode
+        self.settings = settings
+        self.slices = slices
+        self.stats = stats if stats is not None else ProjectionStats()
+        self.where = where
+        self.log = log
+        self.state = state if state is not None else OffsetState(settings.time_window)
+        self._batcher = Batcher.for_mode(mode, settings)
+        self._progress: datetime | None = None
+        self._progress_saved_at = 0.0
+        self._conversation: Admission | None = None
+        self._offered: EventEnvelope | None = None
+        self._accepted: deque[EventEnvelope] = deque()
+        self._outstanding: Action | None = None
+
+    def start(self, records: Iterable[Record]) -> TimestampOffset | None:
+        """(Re)start from the stored offset rows; returns where the slice stream resumes.
+
+        Whatever a failed run left in flight is dropped: the stream delivers it again.
+        """
+        self.state = OffsetState(self.settings.time_window, records)
+        self._batcher.take()
+        self._abandon()
+        return self.state.start_offset(self.slices)
+
+    @property
+    def pending(self) -> tuple[EventEnvelope, ...]:
+        """The accepted envelopes of the batch not yet handed out."""
+        return tuple(self._batcher.pending)
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def offer(self, env: EventEnvelope, now: float) -> Action | None:
+        """The next envelope of the stream (heartbeats and backtracking ones included)."""
+        self._idle_or_fail("offer")
+        if env.is_heartbeat:
+            self.stats.heartbeats += 1
+            if self._batcher.empty and env.offset is not None:
+                self._progress = env.offset.timestamp
+                markers = self._markers(now)
+                if markers:
+                    return self._out(SaveOffsets(tuple(markers)))
+            return None
+        self._offered = env
+        self._conversation = admit(self.state, env, self.stats, where=self.where, log=self.log)
+        return self._converse(None, now)
+
+    def answer(self, reply: Any, now: float) -> Action | None:
+        """The reply to a `PreviousTimestamp`, `MissingEvents` or `LoadPayload`."""
+        self._expect("answer", PreviousTimestamp, MissingEvents, LoadPayload)
+        return self._converse(reply, now)
+
+    def handled(self, now: float) -> Action | None:
+        """At-least-once: the handler is done with the `Handle`'s envelope."""
+        action = self._expect("handled", Handle)
+        assert isinstance(action, Handle)
+        return self._add(action.envelope, now) or self._next(now)
+
+    def committed(self, now: float) -> Action | None:
+        """The `Commit` or `SaveOffsets` transaction committed."""
+        action = self._expect("committed", Commit, SaveOffsets)
+        assert isinstance(action, Commit | SaveOffsets)
+        self._saved(action.records, now)
+        return self._next(now)
+
+    def skipped(self, now: float) -> Action | None:
+        """The retries ran out and the envelopes were dead-lettered (see `Handle`, `Commit`)."""
+        action = self._expect("skipped", Handle, Commit)
+        if isinstance(action, Handle):
+            self.stats.skipped += 1
+            return self._add(action.envelope, now) or self._next(now)
+        assert isinstance(action, Commit)
+        self._saved(action.events, now)
+        self.stats.skipped += len(action.envelopes)
+        return self._next(now)
+
+    def failed(self) -> None:
+        """The handler kept failing, or the driver crashed: forget everything in flight
+        (the pending batch too), so whatever comes next is validated afresh."""
+        self.state.discard_inflight()
+        self._batcher.take()
+        self._abandon()
+
+    def cleaned_up(self, deleted: int) -> None:
+        """The store deleted `deleted` rows older than the window: forget them here too."""
+        self.state.evict()
+        self.stats.cleaned_up += deleted
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        """When the pending batch must go out even if no envelope arrives (inf: none)."""
+        return self._batcher.due()
+
+    def poll(self, now: float) -> Action | None:
+        """The pending batch if its time is up at `now`."""
+        return self.flush(now) if now >= self.next_deadline() else None
+
+    def flush(self, now: float) -> Action | None:
+        """The pending batch, whatever its age (pause, stop)."""
+        self._idle_or_fail("flush")
+        batch = self._batcher.take()
+        return self._out(self._deliver(batch, now)) if batch else None
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _converse(self, reply: Any, now: float) -> Action | None:
+        assert self._conversation is not None
+        try:
+            request = self._conversation.send(reply)
+        except StopIteration as done:
+            self._conversation = None
+            self._accepted.extend(done.value)
+            return self._next(now)
+        return self._out(request)
+
+    def _next(self, now: float) -> Action | None:
+        """Hand out the accepted envelopes one by one, then finish the offered one."""
+        while self._accepted:
+            env = self._accepted.popleft()
+            if self.mode is Mode.AT_LEAST_ONCE:
+                return self._out(Handle(env))
+            action = self._add(env, now)
+            if action is not None:
+                return action
+        offered, self._offered = self._offered, None
+        # Only positions of the normal query count as progress (a backtracking
+        # envelope's offset lies behind it); markers of this envelope's own
+        # commit still claim the previous position.
+        if offered is not None and offered.source == "query" and offered.offset is not None:
+            self._progress = offered.offset.timestamp
+            self.stats.latest_timestamp = offered.offset.timestamp
+        return None
+
+    def _add(self, env: EventEnvelope, now: float) -> Action | None:
+        """Into the batch; the batch's delivery if that made it due."""
+        due = self._batcher.add(env, now)
+        return self._out(self._deliver(due, now)) if due else None
+
+    def _deliver(self, batch: list[EventEnvelope], now: float) -> Commit | SaveOffsets:
+        events = tuple(record_of(e) for e in batch)
+        markers = tuple(self._markers(now))
+        if self.mode is Mode.AT_LEAST_ONCE:
+            return SaveOffsets(events + markers)
+        return Commit(tuple(batch), events, markers)
+
+    def _markers(self, now: float) -> list[Record]:
+        return progress_markers(
+            self.state,
+            self.slices,
+            self._progress,
+            self._progress_saved_at,
+            now,
+            self.settings.progress_interval,
+        )
+
+    def _saved(self, records: Sequence[Record], now: float) -> None:
+        self.state.saved(records)
+        self.stats.transactions += 1
+        if any(r.is_progress for r in records):
+            self._progress_saved_at = now
+
+    def _out(self, action: Action) -> Action:
+        self._outstanding = action
+        return action
+
+    def _expect(self, call: str, *kinds: type) -> Action:
+        action, self._outstanding = self._outstanding, None
+        if action is None or not isinstance(action, kinds):
+            self._outstanding = action
+            raise ProtocolError(f"{call}() does not answer {action!r}")
+        return action
+
+    def _idle_or_fail(self, call: str) -> None:
+        if self._outstanding is not None or self._offered is not None:
+            raise ProtocolError(f"{call}() while {self._outstanding!r} is unanswered")
+
+    def _abandon(self) -> None:
+        if self._conversation is not None:
+            self._conversation.close()
+        self._conversation = None
+        self._offered = None
+        self._accepted.clear()
+        self._outstanding = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._conversation is not None:
+            raise TypeError("a ProjectionCore pickles between envelopes, not during an admission")
+        return dict(self.__dict__)

@@ -18,9 +18,9 @@ import attrs
 
 from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
-from projections.management_sql import ManagementSql, is_paused
+from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, range_key, validate_name
-from projections.offset_dao import OffsetDao
+from projections.offset_dao import OffsetDao, is_paused
 
 FULL_RANGE = SliceRange(0, 1023)
 

@@ -1,19 +1,21 @@
-"""The statements on projection_management and the dead-letter table.
+"""The statements on projection_management and the dead-letter table; they run nothing.
 
-Built from `Tables` and shared by the runners (pause checks, dead letters)
-and by the operators' `ProjectionManagement`, so the runners never import
-the operators' module.
+Built from `Tables` and shared by the runners (pause checks, dead letters,
+executed in `offset_dao.py`) and by the operators' `ProjectionManagement`,
+so the runners never import the operators' module.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from psycopg import AsyncConnection, sql
+from psycopg import sql
 
+from journal.model import EventEnvelope
 from journal.slices import SliceRange
 from journal.tables import Tables
 from projections.names import ALL_RANGES
+from projections.offset_sql import Statement
 
 
 class ManagementSql:
@@ -53,13 +55,21 @@ class ManagementSql:
             "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
         ).format(j=t.journal)
 
+    def paused_keys_of(self, name: str) -> Statement:
+        """The keys ("*" or "min-max") under which `name` is paused."""
+        return Statement(self.paused_keys, (name,))
 
-async def is_paused(
-    conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
-) -> bool:
-    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
-    cur = await conn.execute(statements.paused_keys, (name,))
-    return pauses(slices, [key for (key,) in await cur.fetchall()])
+    def dead_letters_of(
+        self, name: str, key: str, envelopes: Sequence[EventEnvelope], error: str
+    ) -> list[Statement]:
+        """A dead-letter row per envelope, with the error text."""
+        return [
+            Statement(
+                self.dead_letter,
+                (name, key, e.slice, e.persistence_id, e.seq_nr, e.db_timestamp, error),
+            )
+            for e in envelopes
+        ]
 
 
 def pauses(slices: SliceRange, paused_keys: list[str]) -> bool:

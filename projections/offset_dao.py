@@ -1,8 +1,11 @@
-"""The offset store's SQL: loading, saving and cleaning offset rows per slice.
+"""The offset store's executors: run `OffsetSql` statements on a connection.
 
 Saving happens on the caller's connection so exactly-once handlers commit
-their writes and the offsets in one transaction. Cleanup works slice by slice
-and always keeps each slice's latest row, so any future slice range can resume.
+their writes and the offsets in one transaction. `OffsetDao` is the async
+executor, `SyncOffsetDao` the blocking one; both run exactly the statements
+`projections.offset_sql` builds. The runner's two management statements (the
+pause check, dead letters) are executed here too, so the runner never imports
+the operators' module.
 """
 
 from __future__ import annotations
@@ -11,123 +14,24 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import attrs
-from cachetools import LRUCache
-from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor, sql
+from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
 
-from journal import SliceRange
+from journal.model import EventEnvelope
+from journal.slices import SliceRange
 from journal.tables import Tables
-from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
+from projections.management_sql import ManagementSql, pauses
+from projections.offset_sql import OffsetSql, Statement, records_of
+from projections.offset_store import Record
 
-_CACHED_BATCH_SIZES = 64  # statement texts kept, most recently used first
-_MAX_ROWS_PER_INSERT = 4096  # 4 parameters a row; PostgreSQL allows 65535 per statement
-
-
-@attrs.frozen
-class Statement:
-    """One statement to run; `raw` ones use native `$n` placeholders (a raw cursor)."""
-
-    query: sql.SQL | sql.Composed
-    params: Any
-    raw: bool = False
-
-
-class OffsetSql:
-    """Builds the offset store's statements for one projection name; runs nothing.
-
-    Both executors below (async and sync) run exactly these statements.
-    """
-
-    def __init__(self, tables: Tables, projection_name: str) -> None:
-        self.name = projection_name
-        t = tables.offset_store
-        self._table = t
-        self._load = sql.SQL(
-            "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
-            "WHERE projection_name = %s AND slice BETWEEN %s AND %s"
-        ).format(t=t)
-        self._delete_markers = sql.SQL(
-            "DELETE FROM {t} WHERE projection_name = %(name)s AND slice = ANY(%(slices)s::int[]) "
-            "AND persistence_id = %(pid)s AND seq_nr = %(seq)s"
-        ).format(t=t)
-        self._cleanup = sql.SQL(
-            "DELETE FROM {t} AS o USING ("
-            "  SELECT slice, max(timestamp_offset) AS latest FROM {t} "
-            "  WHERE projection_name = %(name)s AND slice BETWEEN %(lo)s AND %(hi)s "
-            "  GROUP BY slice) AS l "
-            "WHERE o.projection_name = %(name)s AND o.slice = l.slice "
-            "AND o.timestamp_offset < l.latest - %(window)s::interval"
-        ).format(t=t)
-        self._values_by_size: LRUCache[int, sql.Composed] = LRUCache(_CACHED_BATCH_SIZES)
-        self._clear = sql.SQL(
-            "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
-        ).format(t=t)
-
-    def load(self, slices: SliceRange) -> Statement:
-        return Statement(self._load, (self.name, slices.min_slice, slices.max_slice))
-
-    def save(self, key: str, records: Sequence[Record]) -> list[Statement]:
-        """Insert event records and progress markers (replacing older markers of those slices)."""
-        if not records:
-            return []
-        out = []
-        marker_slices = [r.slice for r in records if r.is_progress]
-        if marker_slices:
-            params = {
-                "name": self.name,
-                "slices": marker_slices,
-                "pid": PROGRESS_PID,
-                "seq": PROGRESS_SEQ_NR,
-            }
-            out.append(Statement(self._delete_markers, params))
-        return out + self._insert_values(key, records)
-
-    def _insert_values(self, key: str, records: Sequence[Record]) -> list[Statement]:
-        # A multi-row VALUES with native $n placeholders, one statement text per
-        # batch size: psycopg's array dumpers cost ~3x more per batch in Python.
-        return [
-            self._insert_chunk(key, records[start : start + _MAX_ROWS_PER_INSERT])
-            for start in range(0, len(records), _MAX_ROWS_PER_INSERT)
-        ]
-
-    def _insert_chunk(self, key: str, records: Sequence[Record]) -> Statement:
-        n = len(records)
-        statement = self._values_by_size.get(n)
-        if statement is None:
-            rows = sql.SQL(", ").join(
-                sql.SQL(
-                    f"($1, $2, ${4 * i + 3}::int, ${4 * i + 4}, ${4 * i + 5}::bigint, "
-                    f"${4 * i + 6}::timestamptz, transaction_timestamp())"
-                )
-                for i in range(n)
-            )
-            statement = sql.SQL(
-                "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
-                "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows} "
-                "ON CONFLICT DO NOTHING"
-            ).format(t=self._table, rows=rows)
-            self._values_by_size[n] = statement
-        params: list[Any] = [self.name, key]
-        for r in records:
-            params += (r.slice, r.persistence_id, r.seq_nr, r.timestamp)
-        return Statement(statement, params, raw=True)
-
-    def cleanup(self, slices: SliceRange, window: timedelta) -> Statement:
-        """Delete rows older than each slice's latest minus the window."""
-        params = {"name": self.name, "lo": slices.min_slice, "hi": slices.max_slice}
-        return Statement(self._cleanup, {**params, "window": window})
-
-    def clear(self, slices: SliceRange) -> Statement:
-        return Statement(self._clear, (self.name, slices.min_slice, slices.max_slice))
-
-    def set_start(self, key: str, slices: SliceRange, timestamp: datetime) -> list[Statement]:
-        """Replace the range's offsets by start markers: resume at `timestamp`, skip older."""
-        markers = [Record(s, PROGRESS_PID, START_SEQ_NR, timestamp) for s in slices]
-        return [self.clear(slices), *self._insert_values(key, markers)]
-
-
-def records_of(rows: Sequence[Sequence[Any]]) -> list[Record]:
-    return [Record(s, p, n, ts) for s, p, n, ts in rows]
+__all__ = [
+    "OffsetDao",
+    "OffsetSql",
+    "Statement",
+    "SyncOffsetDao",
+    "insert_dead_letters",
+    "is_paused",
+    "records_of",
+]
 
 
 class OffsetDao:
@@ -195,3 +99,25 @@ class SyncOffsetDao:
         """Insert event records and progress markers (replacing older markers of those slices)."""
         for statement in self.sql.save(key, records):
             self._run(conn, statement)
+
+
+async def is_paused(
+    conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
+) -> bool:
+    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
+    statement = statements.paused_keys_of(name)
+    cur = await conn.execute(statement.query, statement.params)
+    return pauses(slices, [key for (key,) in await cur.fetchall()])
+
+
+async def insert_dead_letters(
+    conn: AsyncConnection[Any],
+    statements: ManagementSql,
+    name: str,
+    key: str,
+    envelopes: Sequence[EventEnvelope],
+    error: str,
+) -> None:
+    """One dead-letter row per envelope, on the caller's transaction."""
+    for statement in statements.dead_letters_of(name, key, envelopes, error):
+        await conn.execute(statement.query, statement.params)

@@ -1,9 +1,11 @@
 """Projection runners: a slice range of the journal turned into a read model.
 
 One `Projection` owns one slice range. It loads that range's offsets, resumes
-the slice query from the earliest of its slices' latest offsets, and for each
-envelope asks the offset store whether to handle it (see `offset_store.py`).
-Accepted envelopes go to the handler in one of three delivery modes:
+the slice query from the earliest of its slices' latest offsets, offers each
+envelope to the projection core (`core.py`) and executes what the core asks
+for: journal reads, handler calls, transactions. The core decides; this
+module does the I/O and its policy (retries, dead letters, pause checks,
+cleanup). Accepted envelopes go to the handler in one of three delivery modes:
 
 * exactly-once — the handler gets the connection of the transaction that also
   stores the offset: both commit or neither does;
@@ -20,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -29,20 +31,20 @@ from psycopg import AsyncConnection
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
 from journal.errors import JournalError
 from projections.core import (
-    Batcher,
+    Action,
+    Commit,
+    Handle,
+    LoadPayload,
     MissingEvents,
     Mode,
     PreviousTimestamp,
+    ProjectionCore,
     ProjectionStats,
-    Request,
-    admit,
-    progress_markers,
     record_of,
 )
-from projections.management_sql import ManagementSql, is_paused
+from projections.management_sql import ManagementSql
 from projections.names import check_instance
-from projections.offset_dao import OffsetDao
-from projections.offset_store import OffsetState, Record
+from projections.offset_dao import OffsetDao, insert_dead_letters, is_paused
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
 
@@ -89,12 +91,17 @@ class Projection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
-        self._state: OffsetState | None = None
         self._stop = asyncio.Event()
         self._running = False
-        self._batcher = Batcher.for_mode(mode, self.settings)
-        self._progress: datetime | None = None
-        self._progress_saved_at = 0.0
+        # Everything that decides; kept across runs like the stats it counts in.
+        self._core = ProjectionCore(
+            mode,
+            self.settings,
+            self.slice_range,
+            stats=self.stats,
+            where=f"{self.name} {self.key}",
+            log=_log,
+        )
         self._was_paused = False
 
     # -- construction --------------------------------------------------------------
@@ -169,8 +176,7 @@ class Projection:
                 return
             async with self.journal.pool.connection() as conn:
                 records = await self._dao.load(conn, self.slice_range)
-            self._state = OffsetState(self.settings.time_window, records)
-            start = self._state.start_offset(self.slice_range)
+            start = self._core.start(records)
             _log.info(
                 "projection %s %s started (%s, entity type %r, resuming from %s)",
                 self.name,
@@ -243,12 +249,11 @@ class Projection:
                 if not queue.empty():
                     # The common case while busy: no task and no wait per envelope.
                     await self._handle(queue.get_nowait())
-                    if loop.time() >= self._flush_due():
-                        await self._flush()
+                    await self._drive(self._core.poll(loop.time()))
                     if pump.done():
                         self._raise_stream_failure(pump)
                     continue
-                timeout = max(0.0, min(next_poll, self._flush_due()) - loop.time())
+                timeout = max(0.0, min(next_poll, self._core.next_deadline()) - loop.time())
                 get = loop.create_task(queue.get())
                 done, _ = await asyncio.wait(
                     [get, stop_wait, pump], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -261,8 +266,7 @@ class Projection:
                         await get
                 if pump in done:
                     self._raise_stream_failure(pump)
-                if loop.time() >= self._flush_due():
-                    await self._flush()
+                await self._drive(self._core.poll(loop.time()))
             await self._flush()
         finally:
             stop_wait.cancel()
@@ -271,74 +275,49 @@ class Projection:
         exc = pump.exception()
         raise ProjectionError(f"slice stream of {self.name} {self.key} failed: {exc}") from exc
 
-    # -- per envelope -----------------------------------------------------------------------
+    # -- executing the core's actions -----------------------------------------------------------
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
 
     async def _handle(self, env: EventEnvelope) -> None:
-        if env.is_heartbeat:
-            self.stats.heartbeats += 1
-            if self._batcher.empty and env.offset is not None:
-                self._progress = env.offset.timestamp
-                await self._save_progress_if_due()
-            return
-        await self._validate_and_process(env)
-        if env.source == "query" and env.offset is not None:
-            self._progress = env.offset.timestamp
-            self.stats.latest_timestamp = env.offset.timestamp
-
-    async def _validate_and_process(self, env: EventEnvelope) -> None:
-        if self._state is None:
-            raise ProjectionError(f"projection {self.name} {self.key} is not running")
-        conversation = admit(self._state, env, self.stats, where=f"{self.name} {self.key}")
-        answer: Any = None
-        while True:  # the async side of projections.core.admit
-            try:
-                request = conversation.send(answer)
-            except StopIteration as done:
-                accepted: list[EventEnvelope] = done.value
-                break
-            answer = await self._answer(request)
-        for each in accepted:
-            await self._process(each)
-
-    async def _answer(self, request: Request) -> Any:
-        if isinstance(request, PreviousTimestamp):
-            return await self.journal.timestamp_of(request.persistence_id, request.seq_nr)
-        if isinstance(request, MissingEvents):
-            stream = self.journal.current_events_by_persistence_id(
-                request.persistence_id, request.from_seq_nr, request.to_seq_nr
-            )
-            return [e async for e in stream]
-        return await self.journal.load_envelope(request.persistence_id, request.seq_nr)
-
-    async def _process(self, env: EventEnvelope) -> None:
-        if self.mode is Mode.AT_LEAST_ONCE:
-            await self._run_with_recovery([env], self._call_at_least_once)
-        due = self._batcher.add(env, asyncio.get_running_loop().time())
-        if due:
-            await self._deliver(due)
-
-    def _flush_due(self) -> float:
-        return self._batcher.due()
+        await self._drive(self._core.offer(env, self._now()))
 
     async def _flush(self) -> None:
-        batch = self._batcher.take()
-        if batch:
-            await self._deliver(batch)
+        await self._drive(self._core.flush(self._now()))
 
-    async def _deliver(self, batch: list[EventEnvelope]) -> None:
-        if self.mode is Mode.AT_LEAST_ONCE:
-            await self._save([record_of(e) for e in batch])
-        else:
-            await self._commit(batch)
+    async def _drive(self, action: Action | None) -> None:
+        """Execute actions, feeding each outcome back, until the core has nothing to do."""
+        core = self._core
+        while action is not None:
+            if isinstance(action, PreviousTimestamp):
+                previous = await self.journal.timestamp_of(action.persistence_id, action.seq_nr)
+                action = core.answer(previous, self._now())
+            elif isinstance(action, MissingEvents):
+                stream = self.journal.current_events_by_persistence_id(
+                    action.persistence_id, action.from_seq_nr, action.to_seq_nr
+                )
+                action = core.answer([e async for e in stream], self._now())
+            elif isinstance(action, LoadPayload):
+                loaded = await self.journal.load_envelope(action.persistence_id, action.seq_nr)
+                action = core.answer(loaded, self._now())
+            elif isinstance(action, Handle):
+                skipped = await self._with_recovery([action.envelope], self._call_at_least_once)
+                action = (core.skipped if skipped else core.handled)(self._now())
+            elif isinstance(action, Commit):
+                skipped = await self._with_recovery(
+                    list(action.envelopes), partial(self._call_in_transaction, action)
+                )
+                action = (core.skipped if skipped else core.committed)(self._now())
+            else:
+                async with self.journal.pool.connection() as conn, conn.transaction():
+                    await self._dao.save(conn, self.key, action.records)
+                action = core.committed(self._now())
 
     # -- transactions ---------------------------------------------------------------------------
 
-    async def _commit(self, envelopes: list[EventEnvelope]) -> None:
-        """Exactly-once: handler and offsets in one transaction, with recovery."""
-        await self._run_with_recovery(envelopes, self._call_in_transaction)
-
-    async def _call_in_transaction(self, envelopes: list[EventEnvelope]) -> None:
-        records = [record_of(e) for e in envelopes] + self._progress_markers()
+    async def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
+        """Exactly-once / grouped: the handler and the offsets in one transaction."""
         # Pipeline mode sends BEGIN, the handler's statements, the offsets and
         # COMMIT without waiting for each reply (a handler reading results
         # still gets them: psycopg syncs on demand).
@@ -352,36 +331,23 @@ class Projection:
             else:
                 for env in envelopes:
                     await self._handler(conn, env)
-            await self._dao.save(conn, self.key, records)
-        self._saved(records)
+            await self._dao.save(conn, self.key, commit.records)
 
     async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
         for env in envelopes:
             await self._handler(env)
 
-    async def _save(self, records: list[Record]) -> None:
-        records = records + self._progress_markers()
-        async with self.journal.pool.connection() as conn, conn.transaction():
-            await self._dao.save(conn, self.key, records)
-        self._saved(records)
-
-    def _saved(self, records: Sequence[Record]) -> None:
-        assert self._state is not None
-        self._state.saved(records)
-        self.stats.transactions += 1
-        if any(r.is_progress for r in records):
-            self._progress_saved_at = asyncio.get_running_loop().time()
-
-    async def _run_with_recovery(
+    async def _with_recovery(
         self,
         envelopes: list[EventEnvelope],
         call: Callable[[list[EventEnvelope]], Awaitable[None]],
-    ) -> None:
+    ) -> bool:
+        """Run `call` with the recovery strategy; True if the envelopes were dead-lettered."""
         strategy = self.recovery
         for attempt in range(1, strategy.attempts + 1):
             try:
                 await call(envelopes)
-                return
+                return False
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -399,37 +365,22 @@ class Projection:
                     continue
                 if strategy.on_failure is OnFailure.RETRY_AND_SKIP:
                     await self._dead_letter(envelopes, error)
-                    return
-                assert self._state is not None
-                self._state.discard_inflight()
+                    return True
+                self._core.failed()
                 first = envelopes[0]
                 raise ProjectionError(
                     f"projection {self.name} {self.key} failed on {first.persistence_id!r} "
                     f"seq_nr {first.seq_nr} after {attempt} attempt(s): {error!r}"
                 ) from error
+        raise AssertionError("unreachable: at least one attempt")  # pragma: no cover
 
     async def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
-        records = [record_of(e) for e in envelopes]
+        """The dead-letter rows and (exactly-once, grouped) the offsets, in one transaction."""
         text = f"{type(error).__name__}: {error}"
         async with self.journal.pool.connection() as conn, conn.transaction():
-            for env in envelopes:
-                await conn.execute(
-                    self._management.dead_letter,
-                    (
-                        self.name,
-                        self.key,
-                        env.slice,
-                        env.persistence_id,
-                        env.seq_nr,
-                        env.db_timestamp,
-                        text,
-                    ),
-                )
+            await insert_dead_letters(conn, self._management, self.name, self.key, envelopes, text)
             if self.mode is not Mode.AT_LEAST_ONCE:
-                await self._dao.save(conn, self.key, records)
-        if self.mode is not Mode.AT_LEAST_ONCE:
-            self._saved(records)
-        self.stats.skipped += len(envelopes)
+                await self._dao.save(conn, self.key, [record_of(e) for e in envelopes])
         _log.error(
             "projection %s %s skipped %d envelope(s) after retries: %s",
             self.name,
@@ -438,27 +389,7 @@ class Projection:
             text,
         )
 
-    # -- progress, pause, cleanup -------------------------------------------------------------
-
-    def _progress_markers(self) -> list[Record]:
-        """Markers for slices whose latest row lags the stream, at most every progress_interval."""
-        if self._state is None:
-            return []
-        return progress_markers(
-            self._state,
-            self.slice_range,
-            self._progress,
-            self._progress_saved_at,
-            asyncio.get_running_loop().time(),
-            self.settings.progress_interval,
-        )
-
-    async def _save_progress_if_due(self) -> None:
-        markers = self._progress_markers()
-        if markers:
-            async with self.journal.pool.connection() as conn, conn.transaction():
-                await self._dao.save(conn, self.key, markers)
-            self._saved(markers)
+    # -- pause, cleanup -------------------------------------------------------------------------
 
     async def _paused(self) -> bool:
         async with self.journal.pool.connection() as conn:
@@ -471,6 +402,4 @@ class Projection:
     async def _cleanup(self) -> None:
         async with self.journal.pool.connection() as conn:
             deleted = await self._dao.cleanup(conn, self.slice_range, self.settings.time_window)
-        assert self._state is not None
-        self._state.evict()
-        self.stats.cleaned_up += deleted
+        self._core.cleaned_up(deleted)

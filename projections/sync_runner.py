@@ -2,10 +2,11 @@
 
 A batch script, a Django management command or a Spark executor projects one
 slice range synchronously. It shares everything that decides with the async
-runner — the offset store (`OffsetState`, the same rows in the same table),
-the projection core (`projections.core.admit`, answered here with blocking
-calls) and the progress markers — so a projection run synchronously can be
-resumed by the async runner, and the other way round.
+runner — the projection core (`projections.core.ProjectionCore`: validation,
+gap fills, progress markers; its actions executed here with blocking calls)
+and the offset store (the same rows in the same table, built by the same
+`OffsetSql`) — so a projection run synchronously can be resumed by the async
+runner, and the other way round.
 
 Scope today: exactly-once delivery (one transaction per envelope: the
 handler's writes and the offset rows), recovery by `fail` or
@@ -29,18 +30,18 @@ from journal.settings import QuerySettings
 from journal.slices import SliceRange
 from journal.sync_journal import SyncJournal
 from projections.core import (
+    Action,
+    Commit,
+    LoadPayload,
     MissingEvents,
+    Mode,
     PreviousTimestamp,
+    ProjectionCore,
     ProjectionStats,
-    Request,
-    admit,
-    converse,
-    progress_markers,
-    record_of,
+    SaveOffsets,
 )
 from projections.names import check_instance
 from projections.offset_dao import SyncOffsetDao
-from projections.offset_store import OffsetState, Record
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.runner import ProjectionError
 from projections.settings import ProjectionSettings
@@ -81,8 +82,14 @@ class SyncProjection:
         self._handler = handler
         self._dao = SyncOffsetDao(journal.tables, self.name)
         self._stop = threading.Event()
-        self._state: OffsetState | None = None
-        self._progress_saved_at = 0.0
+        self._core = ProjectionCore(
+            Mode.EXACTLY_ONCE,
+            self.settings,
+            self.slice_range,
+            stats=self.stats,
+            where=f"{self.name} {self.key}",
+            log=_log,
+        )
 
     def stop(self) -> None:
         """Ask `run` (in another thread) to return after the envelope in hand."""
@@ -95,10 +102,7 @@ class SyncProjection:
         window). Raises `ProjectionError` if the handler keeps failing.
         """
         with self.journal.pool.connection() as conn:
-            state = self._state = OffsetState(
-                self.settings.time_window, self._dao.load(conn, self.slice_range)
-            )
-        start = state.start_offset(self.slice_range)
+            start = self._core.start(self._dao.load(conn, self.slice_range))
         _log.info("projection %s %s started (sync exactly_once)", self.name, self.key)
         r = self.slice_range
         stream = (
@@ -120,14 +124,7 @@ class SyncProjection:
                 for env in stream:
                     if self._stop.is_set():
                         break
-                    if env.is_heartbeat:  # only a chance to notice stop()
-                        self.stats.heartbeats += 1
-                        continue
-                    conversation = admit(state, env, self.stats, where=f"{self.name} {self.key}")
-                    for accepted in converse(conversation, self._answer):
-                        self._commit(accepted, env)
-                    if env.source == "query" and env.offset is not None:
-                        self.stats.latest_timestamp = env.offset.timestamp
+                    self._drive(self._core.offer(env, time.monotonic()))
         finally:
             self._stop.clear()
         _log.info(
@@ -139,43 +136,41 @@ class SyncProjection:
         )
         return self.stats
 
-    def _answer(self, request: Request) -> Any:
-        if isinstance(request, PreviousTimestamp):
-            return self.journal.timestamp_of(request.persistence_id, request.seq_nr)
-        if isinstance(request, MissingEvents):
-            return list(
-                self.journal.current_events_by_persistence_id(
-                    request.persistence_id, request.from_seq_nr, request.to_seq_nr
+    def _drive(self, action: Action | None) -> None:
+        """Execute the core's actions, feeding each outcome back, until it has none."""
+        core = self._core
+        while action is not None:
+            if isinstance(action, PreviousTimestamp):
+                previous = self.journal.timestamp_of(action.persistence_id, action.seq_nr)
+                action = core.answer(previous, time.monotonic())
+            elif isinstance(action, MissingEvents):
+                missing = self.journal.current_events_by_persistence_id(
+                    action.persistence_id, action.from_seq_nr, action.to_seq_nr
                 )
-            )
-        return self.journal.load_envelope(request.persistence_id, request.seq_nr)
+                action = core.answer(list(missing), time.monotonic())
+            elif isinstance(action, LoadPayload):
+                loaded = self.journal.load_envelope(action.persistence_id, action.seq_nr)
+                action = core.answer(loaded, time.monotonic())
+            elif isinstance(action, Commit):
+                self._commit(action)
+                action = core.committed(time.monotonic())
+            elif isinstance(action, SaveOffsets):
+                with self.journal.pool.connection() as conn, conn.transaction():
+                    self._dao.save(conn, self.key, action.records)
+                action = core.committed(time.monotonic())
+            else:  # Handle: at-least-once, never asked of an exactly-once core
+                raise ProjectionError(f"unexpected {action!r}")
 
-    def _markers(self, progress: EventEnvelope) -> list[Record]:
-        # Only positions of the normal query count as progress (a backtracking
-        # envelope's offset lies behind it).
-        if self._state is None or progress.offset is None or progress.source != "query":
-            return []
-        return progress_markers(
-            self._state,
-            self.slice_range,
-            progress.offset.timestamp,
-            self._progress_saved_at,
-            time.monotonic(),
-            self.settings.progress_interval,
-        )
-
-    def _commit(self, env: EventEnvelope, delivered: EventEnvelope) -> None:
+    def _commit(self, commit: Commit) -> None:
         """Handler and offset rows in one transaction, with the recovery strategy."""
-        if self._state is None:
-            raise ProjectionError(f"projection {self.name} {self.key} is not running")
-        records = [record_of(env), *self._markers(delivered)]
         attempts = self.recovery.attempts
         for attempt in range(1, attempts + 1):
             try:
                 with self.journal.pool.connection() as conn, conn.transaction():
-                    self._handler(conn, env)
-                    self._dao.save(conn, self.key, records)
-                break
+                    for env in commit.envelopes:
+                        self._handler(conn, env)
+                    self._dao.save(conn, self.key, commit.records)
+                return
             except Exception as error:
                 if attempt < attempts:
                     self.stats.retries += 1
@@ -185,17 +180,10 @@ class SyncProjection:
                     )  # fmt: skip
                     time.sleep(self.recovery.delay(attempt))
                     continue
-                self._state.discard_inflight()
+                self._core.failed()
                 _log.error("projection %s %s failed: %s", self.name, self.key, error)
+                first = commit.envelopes[0]
                 raise ProjectionError(
-                    f"projection {self.name} {self.key} failed on {env.persistence_id!r} "
-                    f"seq_nr {env.seq_nr} after {attempt} attempt(s): {error!r}"
+                    f"projection {self.name} {self.key} failed on {first.persistence_id!r} "
+                    f"seq_nr {first.seq_nr} after {attempt} attempt(s): {error!r}"
                 ) from error
-        self._saved(records)
-
-    def _saved(self, records: list[Record]) -> None:
-        if self._state is not None:
-            self._state.saved(records)
-        self.stats.transactions += 1
-        if any(r.is_progress for r in records):
-            self._progress_saved_at = time.monotonic()

@@ -1,10 +1,10 @@
 """The offset store's decisions (`projections.offset_store`), without a database.
 
-`OffsetState` is sans-I/O, so it is driven here the way `projections/runner.py`
-drives it — NEEDS_PREVIOUS_TIMESTAMP answered from the journal, GAPs filled by
-fetching the missing seq_nrs by persistence id, accepted envelopes saved in
-batches — against an in-memory journal model, over generated histories.
-`Store` mirrors the SQL of `projections/offset_dao.py` (save replaces a
+`OffsetState` and the projection core are sans-I/O, so the real core
+(`projections.core.ProjectionCore`) is driven here the way the runners drive
+it — its previous-timestamp and missing-events requests answered from an
+in-memory journal model, accepted envelopes committed in batches — over
+generated histories. `Store` mirrors the SQL of `projections/offset_sql.py` (save replaces a
 slice's progress marker; cleanup deletes rows older than the slice's latest
 minus the window), so rescaling can be checked end to end in milliseconds.
 """
@@ -25,13 +25,11 @@ from hypothesis.control import currently_in_test_context
 
 from journal import NUMBER_OF_SLICES, EventEnvelope, SliceRange, TimestampOffset, slice_ranges
 from projections.core import (
+    Commit,
     MissingEvents,
+    Mode,
     PreviousTimestamp,
-    ProjectionStats,
-    Request,
-    admit,
-    converse,
-    record_of,
+    ProjectionCore,
 )
 from projections.offset_store import (
     PROGRESS_PID,
@@ -41,9 +39,13 @@ from projections.offset_store import (
     Record,
     Verdict,
 )
+from projections.settings import ProjectionSettings
 
 BASE = datetime(2024, 1, 1, tzinfo=UTC)
 WINDOW = timedelta(seconds=60)
+# Batches go out only when a test flushes them: the injected clock stands still.
+MODEL_SETTINGS = ProjectionSettings(group_after_envelopes=2**62, group_after_duration=60.0)
+NOW = 0.0
 
 ACCEPTED = Verdict.ACCEPTED
 DUPLICATE = Verdict.DUPLICATE
@@ -134,23 +136,29 @@ class JournalModel:
 
 
 class Driver:
-    """Feeds envelopes through the real projection core (`projections.core.admit`),
-    answering its requests from the journal model, as the runners do from the journal.
+    """Feeds envelopes through the real projection core (`projections.core.ProjectionCore`,
+    grouped, with an injected clock that never makes a batch due), executing its requests
+    against the journal model as the runners do against the journal.
 
-    Accepted envelopes are "handled" in a pending batch; `flush` commits the
+    Accepted envelopes wait in the core's pending batch; `flush` commits the
     batch (the handler's writes and the offset rows together, as exactly-once
-    does) and `crash` loses it.
+    does) and `crash` loses it (`failed()`).
     """
 
     def __init__(self, state: OffsetState, model: JournalModel) -> None:
-        self.state = state
         self.model = model
-        self.stats = ProjectionStats()
-        self.pending: list[Record] = []
+        self.core = ProjectionCore(
+            Mode.GROUPED, MODEL_SETTINGS, range(NUMBER_OF_SLICES), state=state
+        )
+        self.stats = self.core.stats
         self.committed: list[tuple[str, int]] = []
         self.accepted_order: list[tuple[str, int]] = []
         self.dropped_after_gap: list[tuple[str, int]] = []
         self.progress: int | None = None
+
+    @property
+    def state(self) -> OffsetState:
+        return self.core.state
 
     def deliver(self, e: Ev) -> None:
         if self.model.is_deleted(e):
@@ -160,37 +168,39 @@ class Driver:
 
     def _validate_and_process(self, e: Ev) -> None:
         asked_for_missing = False
-
-        def answer(request: Request) -> Any:
-            nonlocal asked_for_missing
-            if isinstance(request, PreviousTimestamp):
-                return self.model.timestamp_of(request.persistence_id, request.seq_nr)
-            if isinstance(request, MissingEvents):
+        before = len(self.core.pending)
+        action = self.core.offer(e.envelope(), NOW)
+        while action is not None:
+            if isinstance(action, PreviousTimestamp):
+                reply: Any = self.model.timestamp_of(action.persistence_id, action.seq_nr)
+            elif isinstance(action, MissingEvents):
                 asked_for_missing = True
-                assert 1 <= request.from_seq_nr <= request.to_seq_nr < e.seq_nr
-                fetched = self.model.fetch(request.persistence_id, *request_range(request))
-                return [m.envelope() for m in fetched]
-            raise AssertionError(f"payloads are always loaded here: {request}")
-
-        accepted = converse(admit(self.state, e.envelope(), self.stats), answer)
+                assert 1 <= action.from_seq_nr <= action.to_seq_nr < e.seq_nr
+                fetched = self.model.fetch(action.persistence_id, *request_range(action))
+                reply = [m.envelope() for m in fetched]
+            else:
+                raise AssertionError(f"payloads are loaded and batches never due here: {action}")
+            action = self.core.answer(reply, NOW)
+        accepted = self.core.pending[before:]
         keys = [(a.persistence_id, a.seq_nr) for a in accepted]
         if asked_for_missing and e.key not in keys:
             self.dropped_after_gap.append(e.key)
-        for a in accepted:
-            self.accepted_order.append((a.persistence_id, a.seq_nr))
-            self.pending.append(record_of(a))
+        self.accepted_order.extend(keys)
 
     def flush(self, markers: Sequence[Record] = ()) -> list[Record]:
         """Commit the pending batch (plus markers); returns the rows the store gets."""
-        records = [*self.pending, *markers]
-        self.state.saved(records)
-        self.committed.extend((r.persistence_id, r.seq_nr) for r in self.pending)
-        self.pending = []
+        commit = self.core.flush(NOW)
+        records = [*markers]
+        if commit is not None:
+            assert isinstance(commit, Commit) and not commit.markers  # no stream progress here
+            records = [*commit.records, *markers]
+            assert self.core.committed(NOW) is None
+            self.committed.extend((r.persistence_id, r.seq_nr) for r in commit.events)
+        self.state.saved(markers)  # the model's markers, in the same transaction
         return records
 
     def crash(self) -> None:
-        self.pending = []
-        self.state.discard_inflight()
+        self.core.failed()
 
     def markers(self, slices: Iterable[int], lag: int = 0) -> list[Record]:
         """Progress markers as the runner writes them: for slices whose latest row lags
