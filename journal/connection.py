@@ -152,6 +152,9 @@ def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str 
         s.offset_table,
         s.management_table,
         s.dead_letter_table,
+        s.fleet_table,
+        s.fleet_worker_table,
+        s.lease_table,
     ):
         # Not a prefix of a longer name: a handler's own "public.snapshot_x" is not ours.
         if re.search(rf"(?<![\w$]){re.escape(f'{s.schema}.{table}')}(?![\w$])", message):

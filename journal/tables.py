@@ -37,16 +37,8 @@ class Tables:
 
     @cached_property
     def journal_slice_index(self) -> sql.Identifier:
-        # An index name is unqualified and lives in the table's schema; keep it
-        # within the identifier limit so PostgreSQL never truncates it silently.
-        table = self.settings.journal_table
-        if len(table.encode("utf-8")) + len(_INDEX_SUFFIX) <= 63:
-            return sql.Identifier(table + _INDEX_SUFFIX)
-        # Too long: cut it and add a hash of the full name, so two long table
-        # names sharing a prefix do not share (and silently skip) one index.
-        digest = "_" + hashlib.sha1(table.encode("utf-8")).hexdigest()[:8]
-        base = table.encode("utf-8")[: 63 - len(_INDEX_SUFFIX) - len(digest)]
-        return sql.Identifier(base.decode("utf-8", "ignore") + digest + _INDEX_SUFFIX)
+        # An index name is unqualified and lives in the table's schema.
+        return sql.Identifier(_derived_name(self.settings.journal_table, _INDEX_SUFFIX))
 
     @cached_property
     def snapshot(self) -> sql.Identifier:
@@ -65,6 +57,28 @@ class Tables:
         return self._qualified(self.settings.dead_letter_table)
 
     @cached_property
+    def fleet(self) -> sql.Identifier:
+        return self._qualified(self.settings.fleet_table)
+
+    @cached_property
+    def fleet_worker(self) -> sql.Identifier:
+        return self._qualified(self.settings.fleet_worker_table)
+
+    @cached_property
+    def lease(self) -> sql.Identifier:
+        return self._qualified(self.settings.lease_table)
+
+    @cached_property
+    def lease_epoch(self) -> sql.Identifier:
+        """The sequence every lease takeover draws its (globally increasing) epoch from."""
+        return self._qualified(_derived_name(self.settings.lease_table, "_epoch"))
+
+    @cached_property
+    def lease_fence(self) -> sql.Identifier:
+        """The function an offset transaction calls to prove it still holds its lease."""
+        return self._qualified(_derived_name(self.settings.lease_table, "_fence"))
+
+    @cached_property
     def notify_channel(self) -> str:
         """The LISTEN/NOTIFY channel of this journal table: short, fixed-length, safe."""
         key = f"{self.settings.schema}\x00{self.settings.journal_table}".encode()
@@ -80,4 +94,31 @@ class Tables:
             "offset_store": self.offset_store,
             "management": self.management,
             "dead_letter": self.dead_letter,
+            "fleet": self.fleet,
+            "fleet_worker": self.fleet_worker,
+            "lease": self.lease,
+            "lease_epoch": self.lease_epoch,
+            "lease_fence": self.lease_fence,
+            "body": sql.SQL(self._dollar_quote()),
         }
+
+    def _dollar_quote(self) -> str:
+        """A dollar-quote tag for a function body that no configured name contains,
+        so no name can end the body early."""
+        inside = self.lease.as_string()  # the only name in the body
+        tag, n = "$body$", 0
+        while tag in inside:
+            n += 1
+            tag = f"$body{n}$"
+        return tag
+
+
+def _derived_name(table: str, suffix: str) -> str:
+    """`table + suffix`, kept within PostgreSQL's 63-byte limit so it is never truncated
+    silently: a longer one is cut and a hash of the full name added, so two long names
+    sharing a prefix do not share (and silently skip) one object."""
+    if len(table.encode("utf-8")) + len(suffix) <= 63:
+        return table + suffix
+    digest = "_" + hashlib.sha1(table.encode("utf-8")).hexdigest()[:8]
+    base = table.encode("utf-8")[: 63 - len(suffix) - len(digest)]
+    return base.decode("utf-8", "ignore") + digest + suffix

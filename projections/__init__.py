@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
 from projections.core import Mode, ProjectionCore, ProjectionStats
+from projections.errors import LeaseLost, OffsetConflict, ProjectionError
 from projections.names import range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
         GroupedHandler,
         Handler,
         Projection,
-        ProjectionError,
     )
     from projections.scaling import ProjectionGroup
     from projections.sync_runner import SyncHandler, SyncProjection
@@ -44,7 +44,6 @@ __getattr__, __dir__ = lazy_attributes(
                 "GroupedHandler",
                 "Handler",
                 "Projection",
-                "ProjectionError",
             ),
             "projections.runner",
         ),
@@ -59,7 +58,9 @@ __all__ = [
     "DeadLetter",
     "GroupedHandler",
     "Handler",
+    "LeaseLost",
     "Mode",
+    "OffsetConflict",
     "OffsetState",
     "OnFailure",
     "Projection",

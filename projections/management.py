@@ -13,8 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import attrs
+from psycopg import AsyncConnection
 
 from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
@@ -125,9 +127,7 @@ class ProjectionManagement:
         rs = slice_ranges(ranges) if isinstance(ranges, int) else _check_ranges(ranges)
         out = []
         async with self._journal.pool.connection() as conn:
-            cur = await conn.execute(self._sql.known, {"n": name})
-            if not (await cur.fetchone() or (False,))[0]:
-                raise UnknownProjection(name)
+            await self._require_known(conn, name)
             for r in rs:
                 cur = await conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
                 latest, earliest, slices_with_rows = await cur.fetchone() or (None, None, 0)
@@ -139,6 +139,18 @@ class ProjectionManagement:
                 paused = await is_paused(conn, self._sql, name, r)
                 out.append(RangeStatus(r, latest, head, paused, resume_from))
         return out
+
+    async def require_known(self, name: str) -> None:
+        """`UnknownProjection` unless the projection stored an offset, was paused or
+        resumed, dead-lettered an envelope or had a fleet worker."""
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            await self._require_known(conn, name)
+
+    async def _require_known(self, conn: AsyncConnection[Any], name: str) -> None:
+        cur = await conn.execute(self._sql.known, {"n": name})
+        if not (await cur.fetchone() or (False,))[0]:
+            raise UnknownProjection(name)
 
     async def dead_letters(self, name: str) -> list[DeadLetter]:
         """Envelopes the projection skipped, with their errors."""

@@ -47,8 +47,9 @@ class ManagementSql:
         self.known = sql.SQL(
             "SELECT EXISTS (SELECT 1 FROM {o} WHERE projection_name = %(n)s) "
             "OR EXISTS (SELECT 1 FROM {m} WHERE projection_name = %(n)s) "
-            "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s)"
-        ).format(o=t.offset_store, m=t.management, d=t.dead_letter)
+            "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s) "
+            "OR EXISTS (SELECT 1 FROM {f} WHERE projection_name = %(n)s)"
+        ).format(o=t.offset_store, m=t.management, d=t.dead_letter, f=t.fleet)
         self.head = sql.SQL(
             "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
             "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "

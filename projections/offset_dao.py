@@ -19,6 +19,7 @@ from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
 from journal.tables import Tables
+from projections.fencing import Fence
 from projections.management_sql import ManagementSql, pauses
 from projections.offset_sql import OffsetSql, Statement, records_of
 from projections.offset_store import Record
@@ -54,9 +55,15 @@ class OffsetDao:
         cur = await conn.execute(statement.query, statement.params)
         return records_of(await cur.fetchall())
 
-    async def save(self, conn: AsyncConnection[Any], key: str, records: Sequence[Record]) -> None:
+    async def save(
+        self,
+        conn: AsyncConnection[Any],
+        key: str,
+        records: Sequence[Record],
+        fence: Fence | None = None,
+    ) -> None:
         """Insert event records and progress markers (replacing older markers of those slices)."""
-        for statement in self.sql.save(key, records):
+        for statement in self.sql.save(key, records, fence):
             await self._run(conn, statement)
 
     async def cleanup(
@@ -95,9 +102,11 @@ class SyncOffsetDao:
         statement = self.sql.load(slices)
         return records_of(conn.execute(statement.query, statement.params).fetchall())
 
-    def save(self, conn: Connection[Any], key: str, records: Sequence[Record]) -> None:
+    def save(
+        self, conn: Connection[Any], key: str, records: Sequence[Record], fence: Fence | None = None
+    ) -> None:
         """Insert event records and progress markers (replacing older markers of those slices)."""
-        for statement in self.sql.save(key, records):
+        for statement in self.sql.save(key, records, fence):
             self._run(conn, statement)
 
 

@@ -5,6 +5,10 @@ Loading, saving and cleaning offset rows per slice. Each builder returns a
 `offset_dao.py` (and any future driver) only execute them. Saving inserts a
 multi-row VALUES with native `$n` placeholders, one statement text per batch
 size kept in an LRU cache: psycopg's array dumpers cost ~3x more per batch.
+Event rows are inserted without `ON CONFLICT`: a row already stored means
+another instance handled that event, and the transaction must fail rather
+than apply it twice (see `projections/fencing.py`). With a `Fence`, the
+lease check comes first in the same transaction.
 Cleanup works slice by slice and always keeps each slice's latest row, so any
 future slice range can resume.
 """
@@ -21,6 +25,7 @@ from psycopg import sql
 
 from journal.slices import SliceRange
 from journal.tables import Tables
+from projections.fencing import Fence
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
 
 _CACHED_BATCH_SIZES = 64  # statement texts kept, most recently used first
@@ -45,6 +50,7 @@ class OffsetSql:
     def __init__(self, tables: Tables, projection_name: str) -> None:
         self.name = projection_name
         t = tables.offset_store
+        self._tables = tables
         self._table = t
         self._load = sql.SQL(
             "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
@@ -70,11 +76,14 @@ class OffsetSql:
     def load(self, slices: SliceRange) -> Statement:
         return Statement(self._load, (self.name, slices.min_slice, slices.max_slice))
 
-    def save(self, key: str, records: Sequence[Record]) -> list[Statement]:
-        """Insert event records and progress markers (replacing older markers of those slices)."""
+    def save(
+        self, key: str, records: Sequence[Record], fence: Fence | None = None
+    ) -> list[Statement]:
+        """Insert event records and progress markers (replacing older markers of those slices),
+        after the lease check of `fence` if the instance runs under one."""
         if not records:
             return []
-        out = []
+        out = [] if fence is None else [Statement(*fence.statement(self._tables))]
         marker_slices = [r.slice for r in records if r.is_progress]
         if marker_slices:
             params = {
@@ -107,8 +116,7 @@ class OffsetSql:
             )
             statement = sql.SQL(
                 "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
-                "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows} "
-                "ON CONFLICT DO NOTHING"
+                "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows}"
             ).format(t=self._table, rows=rows)
             self._values_by_size[n] = statement
         params: list[Any] = [self.name, key]

@@ -29,7 +29,6 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal import EventEnvelope, Journal, QuerySettings, SliceRange
-from journal.errors import JournalError
 from projections.core import (
     Action,
     Commit,
@@ -42,6 +41,8 @@ from projections.core import (
     ProjectionStats,
     record_of,
 )
+from projections.errors import ProjectionError
+from projections.fencing import Fence, offset_error
 from projections.management_sql import ManagementSql
 from projections.names import check_instance
 from projections.offset_dao import OffsetDao, insert_dead_letters, is_paused
@@ -57,8 +58,13 @@ GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable
 AtLeastOnceHandler = Callable[[EventEnvelope], Awaitable[None]]
 
 
-class ProjectionError(JournalError):
-    """A projection stopped because its handler kept failing (or the stream failed)."""
+__all__ = [
+    "AtLeastOnceHandler",
+    "GroupedHandler",
+    "Handler",
+    "Projection",
+    "ProjectionError",
+]
 
 
 class Projection:
@@ -103,6 +109,7 @@ class Projection:
             log=_log,
         )
         self._was_paused = False
+        self._fence: Fence | None = None
 
     # -- construction --------------------------------------------------------------
 
@@ -164,11 +171,18 @@ class Projection:
     def running(self) -> bool:
         return self._running
 
-    async def run(self) -> None:
-        """Project until `stop()`; raises `ProjectionError` if the handler keeps failing."""
+    async def run(self, *, fence: Fence | None = None) -> None:
+        """Project until `stop()`; raises `ProjectionError` if the handler keeps failing.
+
+        With a `fence` (a fleet worker's lease), every transaction that stores
+        offsets first proves the lease is still held, else it rolls back and
+        `run` raises `LeaseLost`. Without one, an event another instance stored
+        already fails the transaction with `OffsetConflict`, never applied twice.
+        """
         if self._running:
             raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
+        self._fence = fence
         loop = asyncio.get_running_loop()
         try:
             if self._stop.is_set():  # stopped before it ever ran: a stop is never lost
@@ -310,8 +324,12 @@ class Projection:
                 )
                 action = (core.skipped if skipped else core.committed)(self._now())
             else:
-                async with self.journal.pool.connection() as conn, conn.transaction():
-                    await self._dao.save(conn, self.key, action.records)
+                try:
+                    async with self.journal.pool.connection() as conn, conn.transaction():
+                        await self._dao.save(conn, self.key, action.records, self._fence)
+                except Exception as error:
+                    self._raise_offset_failure(error)
+                    raise
                 action = core.committed(self._now())
 
     # -- transactions ---------------------------------------------------------------------------
@@ -331,7 +349,15 @@ class Projection:
             else:
                 for env in envelopes:
                     await self._handler(conn, env)
-            await self._dao.save(conn, self.key, commit.records)
+            await self._dao.save(conn, self.key, commit.records, self._fence)
+
+    def _raise_offset_failure(self, error: Exception) -> None:
+        """A lost lease or an offset conflict ends the instance at once: no retry can help."""
+        failure = offset_error(error, self.journal.tables, f"{self.name} {self.key}")
+        if failure is not None:
+            self._core.failed()
+            _log.error("%s", failure)
+            raise failure from error
 
     async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
         for env in envelopes:
@@ -351,6 +377,7 @@ class Projection:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                self._raise_offset_failure(error)
                 if attempt < strategy.attempts:
                     self.stats.retries += 1
                     _log.warning(
@@ -377,10 +404,17 @@ class Projection:
     async def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
         """The dead-letter rows and (exactly-once, grouped) the offsets, in one transaction."""
         text = f"{type(error).__name__}: {error}"
-        async with self.journal.pool.connection() as conn, conn.transaction():
-            await insert_dead_letters(conn, self._management, self.name, self.key, envelopes, text)
-            if self.mode is not Mode.AT_LEAST_ONCE:
-                await self._dao.save(conn, self.key, [record_of(e) for e in envelopes])
+        try:
+            async with self.journal.pool.connection() as conn, conn.transaction():
+                await insert_dead_letters(
+                    conn, self._management, self.name, self.key, envelopes, text
+                )
+                if self.mode is not Mode.AT_LEAST_ONCE:
+                    records = [record_of(e) for e in envelopes]
+                    await self._dao.save(conn, self.key, records, self._fence)
+        except Exception as failure:
+            self._raise_offset_failure(failure)
+            raise
         _log.error(
             "projection %s %s skipped %d envelope(s) after retries: %s",
             self.name,

@@ -40,10 +40,11 @@ from projections.core import (
     ProjectionStats,
     SaveOffsets,
 )
+from projections.errors import ProjectionError
+from projections.fencing import offset_error
 from projections.names import check_instance
 from projections.offset_dao import SyncOffsetDao
 from projections.recovery import OnFailure, RecoveryStrategy
-from projections.runner import ProjectionError
 from projections.settings import ProjectionSettings
 
 _log = logging.getLogger("slicejournal.projections.sync_runner")
@@ -172,6 +173,10 @@ class SyncProjection:
                     self._dao.save(conn, self.key, commit.records)
                 return
             except Exception as error:
+                failure = offset_error(error, self.journal.tables, f"{self.name} {self.key}")
+                if failure is not None:
+                    self._core.failed()
+                    raise failure from error
                 if attempt < attempts:
                     self.stats.retries += 1
                     _log.warning(

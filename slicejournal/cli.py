@@ -1,5 +1,7 @@
 """The `slicejournal` command: `init` applies the schema, `demo` runs the showcase,
-`server` manages the embedded PostgreSQL."""
+`server` manages the embedded PostgreSQL, `worker` runs a share of a projection
+fleet and `scale`, `status`, `pause`, `resume`, `set-offset`, `clear-offset` and
+`dead-letters` operate it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable, Sequence
 from journal.dsn import database, resolve_dsn
 from journal.errors import JournalError
 from journal.settings import JournalSettings
+from slicejournal.fleet_cli import add_fleet_parsers
 from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
@@ -116,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="concurrent writers (1..64, default 8)")  # fmt: skip
     p_demo.set_defaults(func=cmd_demo)
     add_server_parser(sub)
+    add_fleet_parsers(sub, dsn, _bounded_int)
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
     try:

@@ -37,3 +37,63 @@ CREATE TABLE IF NOT EXISTS {dead_letter} (
   failed_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
   PRIMARY KEY (projection_name, persistence_id, seq_nr)
 );
+
+-- The projection fleet (worker processes sharing a projection's slice ranges).
+-- Desired split and the settings every worker of the projection agrees on.
+CREATE TABLE IF NOT EXISTS {fleet} (
+  projection_name VARCHAR(255) PRIMARY KEY,
+  entity_type VARCHAR(255) NOT NULL,
+  instances INT NOT NULL,
+  lease_ttl_ms BIGINT NOT NULL,
+  updated_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+);
+
+-- Live workers: a row per worker, renewed with its leases; balance counts these.
+CREATE TABLE IF NOT EXISTS {fleet_worker} (
+  projection_name VARCHAR(255) NOT NULL,
+  worker_id VARCHAR(255) NOT NULL,
+  expires_at TIMESTAMP WITH TIME ZONE NOT NULL,
+  started_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+  PRIMARY KEY (projection_name, worker_id)
+);
+
+-- A lease per slice range: owner (NULL once released), epoch (drawn anew at every
+-- claim), expiry on the database clock, and what status shows of the instance.
+CREATE TABLE IF NOT EXISTS {lease} (
+  projection_name VARCHAR(255) NOT NULL,
+  min_slice INT NOT NULL,
+  max_slice INT NOT NULL,
+  owner VARCHAR(255),
+  epoch BIGINT NOT NULL,
+  expires_at TIMESTAMP WITH TIME ZONE NOT NULL,
+  running BOOLEAN NOT NULL DEFAULT FALSE,
+  restarts INT NOT NULL DEFAULT 0,
+  last_error TEXT,
+  updated_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+  PRIMARY KEY (projection_name, min_slice, max_slice)
+);
+
+CREATE SEQUENCE IF NOT EXISTS {lease_epoch};
+
+-- Fencing: the first statement of every offset-storing transaction of a fleet worker.
+-- It fails the transaction unless the lease is still held by that owner at that epoch
+-- and unexpired. FOR KEY SHARE lets the owner's renewals through but makes a takeover
+-- (SELECT ... FOR UPDATE) wait until the transaction has ended; a transaction left idle
+-- longer than p_idle_ms (its worker frozen mid-batch) is ended by the server, so a
+-- frozen worker cannot hold a takeover up for long.
+CREATE OR REPLACE FUNCTION {lease_fence}(
+  p_name VARCHAR, p_min INT, p_max INT, p_owner VARCHAR, p_epoch BIGINT, p_idle_ms BIGINT
+) RETURNS VOID LANGUAGE plpgsql AS {body}
+BEGIN
+  PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms::text, true);
+  PERFORM 1 FROM {lease}
+   WHERE projection_name = p_name AND min_slice = p_min AND max_slice = p_max
+     AND owner = p_owner AND epoch = p_epoch AND expires_at > clock_timestamp()
+   FOR KEY SHARE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'SJ001', MESSAGE = 'slicejournal: lease lost: projection '
+      || p_name || ' range ' || p_min || '-' || p_max || ' is no longer held by '
+      || p_owner || ' at epoch ' || p_epoch;
+  END IF;
+END
+{body};

@@ -1,0 +1,32 @@
+"""Why a projection instance stopped, as types a supervisor can act on.
+
+Pure (no psycopg): the runners raise these, the fleet's supervisor tells a
+handler that keeps failing (restart with backoff) from a lost lease (stop:
+another worker owns the range now) and from an offset conflict (two
+instances over one slice: a bug in how they were started, never retried).
+"""
+
+from __future__ import annotations
+
+from journal.errors import JournalError
+
+
+class ProjectionError(JournalError):
+    """A projection stopped because its handler kept failing (or the stream failed)."""
+
+
+class LeaseLost(ProjectionError):
+    """The instance's lease was taken over or expired: its transaction was rolled back.
+
+    Raised by an instance run with a `Fence` (a fleet worker's). Nothing of the
+    failed transaction was committed; the range now belongs to another worker.
+    """
+
+
+class OffsetConflict(ProjectionError):
+    """Another instance already stored the offset of an event this one was committing.
+
+    Two instances whose slice ranges overlap ran at once; the transaction was
+    rolled back, so the event was applied once. Not retried: a retry could only
+    fail the same way.
+    """

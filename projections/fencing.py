@@ -1,0 +1,74 @@
+"""Fencing: an offset-storing transaction proves, inside itself, that its lease still holds.
+
+A fleet worker frozen past its lease's expiry (SIGSTOP, a GC pause, a network
+partition) may wake up in the middle of a batch after another worker took its
+range over. Checking the lease before the transaction is not enough; the check
+must be part of the transaction that stores the offsets. `Fence.statement` is
+the first statement of every such transaction: it calls the schema's fence
+function, which locks the lease row `FOR KEY SHARE` (a takeover, which locks
+it `FOR UPDATE`, waits for the transaction to end; the owner's renewals do
+not) and raises SQLSTATE `SJ001` unless the row still has this owner and
+epoch and has not expired on the database clock. The transaction then rolls
+back and the runner raises `LeaseLost`. It also bounds how long the
+transaction may sit idle (`idle_timeout_ms`, the lease TTL): a worker frozen
+mid-batch has its transaction ended by the server instead of holding a
+takeover up.
+
+Without a fence the offset rows themselves still guard against doubles: event
+rows are inserted without `ON CONFLICT`, so a second instance storing the same
+event fails with `OffsetConflict` instead of applying it twice.
+"""
+
+from __future__ import annotations
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.errors import LeaseLost, OffsetConflict, ProjectionError
+
+FENCE_SQLSTATE = "SJ001"
+
+
+@attrs.frozen
+class Fence:
+    """The lease an instance runs under: range, owner and the epoch it was claimed at."""
+
+    projection_name: str
+    slice_range: SliceRange
+    owner: str
+    epoch: int
+    idle_timeout_ms: int
+
+    def statement(self, tables: Tables) -> tuple[sql.Composed, tuple[object, ...]]:
+        query = sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(tables.lease_fence)
+        r = self.slice_range
+        return query, (
+            self.projection_name,
+            r.min_slice,
+            r.max_slice,
+            self.owner,
+            self.epoch,
+            self.idle_timeout_ms,
+        )
+
+
+def offset_error(error: BaseException, tables: Tables, where: str) -> ProjectionError | None:
+    """`LeaseLost` or `OffsetConflict` if `error` is one of those, else None."""
+    if not isinstance(error, psycopg.Error):
+        return None
+    if error.sqlstate == FENCE_SQLSTATE:
+        return LeaseLost(f"projection {where}: {error.diag.message_primary or error}")
+    if (
+        isinstance(error, psycopg.errors.UniqueViolation)
+        and error.diag.table_name == tables.settings.offset_table
+        and error.diag.schema_name == tables.settings.schema
+    ):
+        return OffsetConflict(
+            f"projection {where}: another instance already stored an offset this "
+            f"transaction was storing (two instances over overlapping slice ranges?); "
+            f"rolled back: {error.diag.message_detail or error}"
+        )
+    return None

@@ -1,0 +1,208 @@
+"""Operating a running fleet from any machine: scale, status, offsets.
+
+Everything here talks to PostgreSQL only; the workers notice within one
+poll interval. `scale` stores the desired count and can wait until every
+range of the new split is owned and running. `set_offset` and
+`clear_offset` revoke the leases of the ranges they touch in the same
+transaction that rewrites the offsets: the running instances can commit
+nothing more (their fence fails), and the instances that re-claim those
+ranges start from the new offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import attrs
+
+from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
+from journal.errors import JournalError
+from projections.fleet.lease_sql import FleetSql
+from projections.management import FULL_RANGE, ProjectionManagement, RangeStatus
+from projections.names import range_key, validate_name
+from projections.offset_dao import OffsetDao
+
+
+@attrs.frozen
+class LeaseStatus:
+    """One range of the desired split: who runs it and where it stands."""
+
+    slice_range: SliceRange
+    owner: str | None  # None: no live lease
+    epoch: int | None
+    running: bool
+    restarts: int
+    last_error: str | None
+    # Seconds the range has had no live owner (0 while owned).
+    unowned_for: float
+    progress: RangeStatus | None = None
+
+    @property
+    def lag(self) -> timedelta | None:
+        return None if self.progress is None else self.progress.lag
+
+    @property
+    def paused(self) -> bool:
+        return self.progress is not None and self.progress.paused
+
+    @property
+    def resume_from(self) -> datetime | None:
+        return None if self.progress is None else self.progress.resume_from
+
+
+@attrs.frozen
+class FleetStatus:
+    """The desired split, the live workers, and every range's lease."""
+
+    name: str
+    entity_type: str
+    instances: int
+    lease_ttl: float
+    workers: tuple[str, ...]
+    ranges: tuple[LeaseStatus, ...]
+    # Live leases of another split, still to be released (a rescale in progress).
+    leftovers: tuple[SliceRange, ...] = ()
+
+    @property
+    def converged(self) -> bool:
+        """Every range of the split is owned and running; nothing of an older split is left."""
+        return not self.leftovers and all(r.owner and r.running for r in self.ranges)
+
+    @property
+    def orphaned(self) -> tuple[LeaseStatus, ...]:
+        """Ranges with no owner for longer than twice the lease TTL."""
+        return tuple(r for r in self.ranges if r.unowned_for > 2 * self.lease_ttl)
+
+
+class FleetControl:
+    """Scale a fleet, read its status, move its offsets — by projection name."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._sql = FleetSql(journal.tables)
+        self._management = ProjectionManagement(journal)
+
+    async def scale(self, name: str, instances: int) -> bool:
+        """Store the desired instance count (a divisor of 1024); True if it changed.
+
+        Raises `InvalidArgument` for a bad count and `UnknownProjection` if no
+        worker ever ran the projection; nothing changes then.
+        """
+        slice_ranges(instances)  # validates before anything is written
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.scale, (instances, name, instances))
+            if cur.rowcount:
+                return True
+            cur = await conn.execute(self._sql.fleet, (name,))
+            if await cur.fetchone() is None:
+                raise UnknownProjection(name)
+        return False
+
+    async def status(self, name: str) -> FleetStatus:
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.fleet, (name,))
+            row = await cur.fetchone()
+            if row is None:
+                raise UnknownProjection(name)
+            instances, entity_type, ttl_ms, now, updated_at = row
+            cur = await conn.execute(self._sql.live_workers, (name,))
+            workers = tuple(w for (w,) in await cur.fetchall())
+            cur = await conn.execute(self._sql.lease_details, (name,))
+            rows = await cur.fetchall()
+        ranges = slice_ranges(instances)
+        try:
+            progress = await self._management.status(name, entity_type, ranges)
+        except UnknownProjection:  # registered, nothing stored yet
+            progress = [None] * len(ranges)  # type: ignore[list-item]
+        by_range = {SliceRange(r[0], r[1]): r for r in rows}
+        out = []
+        for r, p in zip(ranges, progress, strict=True):
+            lease = by_range.get(r)
+            if lease is None:
+                out.append(LeaseStatus(r, None, None, False, 0, None, now - updated_at, p))
+                continue
+            _, _, owner, epoch, expires, running, restarts, error = lease
+            live = owner is not None and expires > now
+            unowned = 0.0 if live else now - max(expires, updated_at)
+            out.append(
+                LeaseStatus(
+                    r, owner if live else None, epoch, running and live, restarts, error, unowned, p
+                )
+            )
+        split = set(ranges)
+        leftovers = tuple(
+            SliceRange(lo, hi)
+            for lo, hi, owner, _, expires, *_ in rows
+            if owner is not None and expires > now and SliceRange(lo, hi) not in split
+        )
+        return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
+                           leftovers)  # fmt: skip
+
+    async def wait_converged(
+        self,
+        name: str,
+        *,
+        timeout: float,  # noqa: ASYNC109  # a deadline for the whole wait, reported in the error
+        interval: float = 0.5,
+        progress: Callable[[FleetStatus], None] | None = None,
+    ) -> FleetStatus:
+        """Poll `status` until the fleet has converged; `JournalError` after `timeout` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            status = await self.status(name)
+            if progress is not None:
+                progress(status)
+            if status.converged:
+                return status
+            if loop.time() >= deadline:
+                missing = [str(r.slice_range) for r in status.ranges if not r.running]
+                raise JournalError(
+                    f"projection {name} did not converge within {timeout:.0f} s: "
+                    f"not running: {', '.join(missing) or '-'}; "
+                    f"old ranges still held: {', '.join(map(str, status.leftovers)) or '-'}; "
+                    f"live workers: {len(status.workers)}"
+                )
+            await asyncio.sleep(interval)
+
+    async def set_offset(
+        self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
+    ) -> None:
+        """Resume the projection at `timestamp` for these slices, on a live fleet too."""
+        if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
+            raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
+        await self._rewrite(name, slices, timestamp)
+
+    async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
+        """Forget the offsets of these slices (they restart from the beginning), live too."""
+        await self._rewrite(name, slices, None)
+
+    async def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
+        validate_name(name)
+        if not isinstance(slices, SliceRange):
+            raise InvalidArgument(f"expected a SliceRange, got {type(slices).__name__}")
+        dao = OffsetDao(self._journal.tables, name)
+        async with self._journal.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql.lock_fleet, (name,))
+            # Revoke every lease sharing a slice: waits for their fenced transactions in
+            # flight, then nothing more of theirs can commit.
+            await conn.execute(
+                self._sql.lock_overlapping, (name, slices.max_slice, slices.min_slice)
+            )
+            await conn.execute(self._sql.revoke, (name, slices.max_slice, slices.min_slice))
+            if timestamp is None:
+                await dao.clear(conn, slices)
+            else:
+                await dao.set_start(conn, range_key(slices), slices, timestamp)
+
+
+def orphan_message(status: FleetStatus) -> str | None:
+    """The one line `status` prints (and exits non-zero on) when ranges lack an owner."""
+    if not status.orphaned:
+        return None
+    ranges = ", ".join(f"{r.slice_range} ({r.unowned_for:.0f} s)" for r in status.orphaned)
+    return f"no owner for longer than 2 x lease TTL ({2 * status.lease_ttl:.0f} s): {ranges}"

@@ -1,0 +1,406 @@
+"""A fleet worker: one process's share of a projection's slice ranges.
+
+Start the same worker on 1..N machines; they find each other through
+PostgreSQL alone. Three loops run in each worker:
+
+* **renew** (every TTL / 3): the worker's heartbeat row and every lease it
+  holds get a new expiry. A lease that did not renew was taken over (or
+  released by an operator): its instance is cancelled at once — it could not
+  commit anyway, the fence rolls its transactions back.
+* **rebalance** (every `poll_interval`): read the desired split, the live
+  workers and every lease; the pure planner (`assignment.plan`) says what to
+  release, claim and keep. Releases first — each instance finishes its batch,
+  saves its offsets and gives its lease back — then claims, in a transaction
+  that holds the projection's fleet row and the replaced lease rows locked.
+  So a new range starts only after every old range sharing a slice with it
+  has stopped and saved (or its lease expired and its last fenced
+  transaction ended).
+* **supervise** (one per held range): runs the instance under its `Fence`;
+  a failure restarts it with exponential backoff (1 s .. 30 s) under the
+  same lease, counted and shown by `status`; a lost lease ends it.
+
+Database outages are survived the same way: every loop logs, backs off and
+tries again; a lease that expired meanwhile is re-claimed or taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import attrs
+import psycopg
+
+from journal import Journal, SliceRange, slice_ranges
+from journal.errors import InvalidArgument, JournalError
+from journal.settings import duration_field
+from projections.errors import LeaseLost
+from projections.fencing import Fence
+from projections.fleet.assignment import LeaseRow, overlaps, plan
+from projections.fleet.lease_sql import FleetSql, lease_rows
+from projections.names import validate_name
+from projections.runner import Projection
+
+_log = logging.getLogger("slicejournal.projections.fleet")
+
+Factory = Callable[[Journal, SliceRange], Projection]
+FULL_RANGE = SliceRange(0, 1023)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _check_instances(_i: object, _a: object, value: int) -> None:
+    slice_ranges(value)
+
+
+def _check_worker_id(_i: object, _a: object, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 255 or "\x00" in value:
+        raise InvalidArgument(f"worker id must be 1..255 characters without NUL, got {value!r}")
+
+
+@attrs.frozen
+class WorkerSettings:
+    """How a worker takes part in its fleet (validated; defaults as the CLI's)."""
+
+    worker_id: str = attrs.field(factory=default_worker_id, validator=_check_worker_id)
+    # The count used when no count is stored for the projection yet.
+    instances: int = attrs.field(default=4, validator=_check_instances)
+    lease_ttl: timedelta = duration_field(timedelta(seconds=10), allow_zero=False)
+    restart_backoff_min: timedelta = duration_field(timedelta(seconds=1), allow_zero=False)
+    restart_backoff_max: timedelta = duration_field(timedelta(seconds=30), allow_zero=False)
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, int(self.lease_ttl.total_seconds() * 1000))
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_ttl.total_seconds() / 3
+
+    @property
+    def poll_interval(self) -> float:
+        """How often the fleet is rebalanced: a quarter of the TTL, at most 1 s."""
+        return min(1.0, self.lease_ttl.total_seconds() / 4)
+
+
+@attrs.define
+class Instance:
+    """What the worker knows of one range it holds (read by metrics and status)."""
+
+    slice_range: SliceRange
+    fence: Fence
+    task: asyncio.Task[None] | None = None
+    projection: Projection | None = None
+    restarts: int = 0
+    last_error: str | None = None
+    lost: bool = False
+    stopping: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+    @property
+    def running(self) -> bool:
+        p = self.projection
+        return p is not None and p.running
+
+
+class FleetWorker:
+    """Runs the ranges of one projection this worker holds, until `stop()`."""
+
+    def __init__(
+        self, journal: Journal, factory: Factory, settings: WorkerSettings | None = None
+    ) -> None:
+        self.journal = journal
+        self.factory = factory
+        self.settings = settings or WorkerSettings()
+        probe = factory(journal, FULL_RANGE)  # construction only: learns name and entity type
+        if not isinstance(probe, Projection):
+            raise InvalidArgument(
+                f"the factory must return a Projection, got {type(probe).__name__}"
+            )
+        self.name = validate_name(probe.name)
+        self.entity_type = probe.entity_type
+        self.me = self.settings.worker_id
+        self.instances: dict[SliceRange, Instance] = {}
+        # Ranges whose instance stopped but whose lease this worker still holds.
+        self._parked: dict[SliceRange, int] = {}
+        self._sql = FleetSql(journal.tables)
+        self._stop = asyncio.Event()
+        self.ticks = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask `run` to stop every instance (batches finished, offsets saved), release its
+        leases and return."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        _log.info("worker %s joins projection %s", self.me, self.name)
+        await self._register()
+        renew = asyncio.create_task(self._every(self.settings.renew_interval, self._renew))
+        try:
+            await self._every(self.settings.poll_interval, self._rebalance)
+        finally:
+            renew.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renew
+            await self._leave()
+
+    async def _register(self) -> None:
+        ttl = self.settings.ttl_ms
+        async with self.journal.pool.connection() as conn:
+            await conn.execute(
+                self._sql.register, (self.name, self.entity_type, self.settings.instances, ttl)
+            )
+
+    async def _leave(self) -> None:
+        ranges = list(self.instances)
+        for instance in await asyncio.gather(*(self._stop_instance(r) for r in ranges)):
+            if instance is not None:
+                self._parked[instance.slice_range] = instance.fence.epoch
+        for r, epoch in list(self._parked.items()):
+            await self._release_row(r, epoch)
+        with contextlib.suppress(psycopg.Error, JournalError):
+            async with self.journal.pool.connection() as conn:
+                await conn.execute(self._sql.leave, (self.name, self.me))
+        _log.info("worker %s left projection %s (released %d range(s))", self.me, self.name,
+                  len(ranges))  # fmt: skip
+
+    async def _every(self, interval: float, step: Callable[[], Any]) -> None:
+        """Run `step` every `interval` until stopped; a failing step is logged and retried
+        with backoff (a database restart, a killed backend)."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                await step()
+                failures = 0
+                delay = interval
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, JournalError, OSError) as error:
+                failures += 1
+                delay = min(interval * 2**failures, self.settings.lease_ttl.total_seconds())
+                _log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.me,
+                             getattr(step, "__name__", step), error, delay)  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+
+    # -- renew -------------------------------------------------------------------------------
+
+    async def _renew(self) -> None:
+        held = {i.fence.epoch: r for r, i in self.instances.items() if not i.lost}
+        ttl = self.settings.ttl_ms
+        async with self.journal.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
+            cur = await conn.execute(self._sql.renew, (ttl, self.name, self.me, list(held)))
+            renewed = {epoch for (epoch,) in await cur.fetchall()}
+        for epoch, r in held.items():
+            if epoch not in renewed:
+                self._lost(r, "its lease was not renewed (taken over or expired)")
+
+    def _lost(self, r: SliceRange, why: str) -> None:
+        instance = self.instances.pop(r, None)
+        if instance is None:
+            return
+        instance.lost = True
+        _log.warning("worker %s lost range %s of %s: %s; instance stopped", self.me, r,
+                     self.name, why)  # fmt: skip
+        if instance.task is not None and instance.task is not asyncio.current_task():
+            instance.task.cancel()
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    async def _rebalance(self) -> None:
+        self.ticks += 1
+        self._reap()
+        async with self.journal.pool.connection() as conn:
+            async with conn.transaction():
+                instances, now, workers, leases = await self._read(conn, lock=False)
+            decided = plan(self.me, slice_ranges(instances), workers, leases, now)
+            # Stop what moves away, but keep its lease row "parked" for now: while it
+            # is held, the planner still knows who had those slices, so the ranges of
+            # a new split that overlap it stay with this worker (sticky), and this
+            # worker's claim transaction replaces the row in one step.
+            for r in decided.release:
+                await self._park(r)
+            if not (decided.claim or decided.waiting or self._parked):
+                return
+            claimed, wanted = await self._claim(conn)
+            for r, epoch in claimed:
+                self._start(r, epoch)
+            for r, epoch in list(self._parked.items()):
+                if not any(overlaps(r, w) for w in wanted):
+                    await self._release_row(r, epoch)
+
+    def _reap(self) -> None:
+        """Forget instances whose supervisor ended by itself (lease lost)."""
+        for r, instance in list(self.instances.items()):
+            if (
+                instance.task is not None
+                and instance.task.done()
+                and not instance.stopping.is_set()
+            ):
+                self.instances.pop(r)
+
+    async def _read(
+        self, conn: psycopg.AsyncConnection[Any], *, lock: bool
+    ) -> tuple[int, float, list[str], list[LeaseRow]]:
+        ttl = self.settings.ttl_ms
+        await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
+        cur = await conn.execute(self._sql.lock_fleet if lock else self._sql.fleet, (self.name,))
+        row = await cur.fetchone()
+        if row is None:  # deleted by hand while running: register again
+            await self._register()
+            instances, now = self.settings.instances, 0.0
+        else:
+            instances, now = (row[0], row[1]) if lock else (row[0], row[3])
+        cur = await conn.execute(self._sql.live_workers, (self.name,))
+        workers = [w for (w,) in await cur.fetchall()]
+        cur = await conn.execute(self._sql.leases, (self.name,))
+        leases = lease_rows(await cur.fetchall())
+        if not lock:
+            await conn.execute(self._sql.collect, (self.name, instances))
+            await conn.execute(self._sql.forget_workers, (self.name,))
+        return instances, now, workers, leases
+
+    async def _claim(
+        self, conn: psycopg.AsyncConnection[Any]
+    ) -> tuple[list[tuple[SliceRange, int]], list[SliceRange]]:
+        """Claim what the plan gives this worker, under the fleet lock; a lease row still
+        locked by a fenced transaction makes the claim wait for the next tick.
+
+        Returns the claimed ranges with their epochs, and every range the plan
+        gives this worker (claimed, waiting or kept)."""
+        claimed: list[tuple[SliceRange, int]] = []
+        wanted: list[SliceRange] = []
+        wait_ms = max(100, self.settings.ttl_ms // 5)
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+                instances, now, workers, leases = await self._read(conn, lock=True)
+                decided = plan(self.me, slice_ranges(instances), workers, leases, now)
+                wanted = [*decided.claim, *decided.waiting, *decided.keep]
+                for r in decided.claim:
+                    if any(overlaps(r, mine) for mine in self.instances):
+                        continue  # one of this worker's own instances still covers a slice
+                    epoch = await self._claim_one(conn, r)
+                    if epoch is not None:
+                        claimed.append((r, epoch))
+        except psycopg.errors.LockNotAvailable:
+            _log.info("worker %s: a range of %s is still in a transaction of its previous "
+                      "owner; claiming again at the next tick", self.me, self.name)  # fmt: skip
+            return [], wanted
+        for r, _ in claimed:
+            for parked in [p for p in self._parked if overlaps(p, r)]:
+                del self._parked[parked]  # replaced by the claim
+        return claimed, wanted
+
+    async def _claim_one(self, conn: psycopg.AsyncConnection[Any], r: SliceRange) -> int | None:
+        cur = await conn.execute(self._sql.lock_overlapping, (self.name, r.max_slice, r.min_slice))
+        rows = lease_rows(await cur.fetchall())
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        now = (await cur.fetchone() or (0.0,))[0]
+        if any(row.live(now) and row.owner != self.me for row in rows):
+            return None  # taken meanwhile
+        for row in rows:
+            if row.slice_range != r:  # a free row of another split: gone for good
+                lo, hi = row.slice_range.min_slice, row.slice_range.max_slice
+                await conn.execute(self._sql.delete_lease, (self.name, lo, hi))
+        params = self._sql.claim_params(self.name, r, self.me, self.settings.ttl_ms)
+        cur = await conn.execute(self._sql.claim, params)
+        claimed = await cur.fetchone()
+        return None if claimed is None else int(claimed[0])
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def _start(self, r: SliceRange, epoch: int) -> None:
+        fence = Fence(self.name, r, self.me, epoch, self.settings.ttl_ms)
+        instance = Instance(r, fence)
+        self.instances[r] = instance
+        instance.task = asyncio.create_task(self._supervise(instance), name=f"fleet {r}")
+        _log.info("worker %s claimed range %s of %s (epoch %d)", self.me, r, self.name, epoch)
+
+    async def _supervise(self, instance: Instance) -> None:
+        r = instance.slice_range
+        backoff = self.settings.restart_backoff_min.total_seconds()
+        while not instance.stopping.is_set():
+            try:
+                projection = self.factory(self.journal, r)
+                instance.projection = projection
+                await self._report(instance, running=True)
+                await projection.run(fence=instance.fence)
+                return  # stopped on request
+            except asyncio.CancelledError:
+                raise
+            except LeaseLost as error:
+                self._lost(r, str(error))
+                return
+            except Exception as error:
+                instance.restarts += 1
+                instance.last_error = f"{type(error).__name__}: {error}"
+                _log.error("worker %s: range %s of %s failed (restart %d in %.1f s): %s",
+                           self.me, r, self.name, instance.restarts, backoff,
+                           instance.last_error)  # fmt: skip
+            with contextlib.suppress(psycopg.Error, JournalError, OSError):
+                await self._report(instance, running=False)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(instance.stopping.wait(), backoff)
+            backoff = min(backoff * 2, self.settings.restart_backoff_max.total_seconds())
+
+    async def _report(self, instance: Instance, *, running: bool) -> None:
+        async with self.journal.pool.connection() as conn:
+            await conn.execute(
+                self._sql.report,
+                (running, instance.restarts, instance.last_error, self.name, self.me,
+                 instance.fence.epoch),
+            )  # fmt: skip
+
+    async def _stop_instance(self, r: SliceRange) -> Instance | None:
+        """Stop the range's instance: its batch finished, its offsets saved."""
+        instance = self.instances.get(r)
+        if instance is None:
+            return None
+        instance.stopping.set()
+        if instance.projection is not None:
+            await instance.projection.stop()
+        if instance.task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await instance.task
+        self.instances.pop(r, None)
+        return None if instance.lost else instance
+
+    async def _park(self, r: SliceRange) -> None:
+        instance = await self._stop_instance(r)
+        if instance is not None:
+            self._parked[r] = instance.fence.epoch
+            _log.info("worker %s stopped range %s of %s", self.me, r, self.name)
+
+    async def _release_row(self, r: SliceRange, epoch: int) -> None:
+        """Give a stopped range's lease back (it would expire by itself otherwise)."""
+        self._parked.pop(r, None)
+        try:
+            async with self.journal.pool.connection() as conn:
+                await conn.execute(self._sql.release, (self.name, self.me, epoch))
+        except (psycopg.Error, JournalError) as error:
+            _log.warning("worker %s: releasing %s failed: %s", self.me, r, error)
+            return
+        _log.info("worker %s released range %s of %s", self.me, r, self.name)
+
+    def held(self) -> Iterable[Instance]:
+        return list(self.instances.values())
+
+
+def lag_seconds(instance: Instance) -> float | None:
+    """Seconds between now and the newest event the instance handled (None: none yet)."""
+    p = instance.projection
+    latest = None if p is None else p.stats.latest_timestamp
+    if latest is None:
+        return None
+    return max(0.0, (datetime.now(UTC) - latest).total_seconds())

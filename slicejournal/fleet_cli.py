@@ -1,0 +1,305 @@
+"""`slicejournal worker | scale | status | pause | resume | set-offset | clear-offset |
+dead-letters`: running and operating a projection fleet from the command line.
+
+`worker MODULE:ATTR` imports a factory `(journal, slice_range) -> Projection`
+and runs this process's share of its ranges until SIGTERM or SIGINT (then it
+finishes its batches, saves offsets, releases its leases and exits 0). The
+operators' commands work from any machine against a live fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from typing import Any
+
+from journal import InvalidArgument, Journal, JournalSettings, SliceRange
+from journal.dsn import resolve_dsn
+from projections.fleet.control import FleetControl, FleetStatus, orphan_message
+from projections.management import FULL_RANGE, ProjectionManagement
+
+_log = logging.getLogger("slicejournal.projections.fleet")
+
+ORPHANED = 3  # the exit status of `status` when a range has had no owner for > 2 x TTL
+
+
+def parse_range(text: str) -> SliceRange:
+    """ "0-255" -> SliceRange(0, 255); a usage error otherwise."""
+    lo, sep, hi = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        return SliceRange(int(lo), int(hi))
+    except (ValueError, InvalidArgument) as e:
+        detail = f": {e}" if str(e) else ""
+        raise argparse.ArgumentTypeError(
+            f"expected a slice range MIN-MAX within 0-1023, got {text!r}{detail}"
+        ) from None
+
+
+def parse_timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 timestamp with a time zone, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"the timestamp needs a time zone (+00:00), got {text!r}")
+    return value
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """Import `MODULE:ATTR` (the working directory is importable, as with `python -m`)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(
+            f"expected MODULE:ATTR (e.g. myapp.read_models:balances), got {spec!r}"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InvalidArgument(f"cannot import {module_name!r}: {e}") from None
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(factory):
+        raise InvalidArgument(f"{spec} is not callable: a factory (journal, slice_range) is")
+    return factory  # type: ignore[no-any-return]
+
+
+def _journal_settings(args: argparse.Namespace) -> JournalSettings:
+    return JournalSettings(schema=args.schema, pool_max_size=20)
+
+
+async def _with_journal(
+    args: argparse.Namespace, body: Callable[[Journal], Coroutine[Any, Any, int]]
+) -> int:
+    async with Journal.connect(resolve_dsn(args.dsn), _journal_settings(args)) as journal:
+        return await body(journal)
+
+
+# -- worker ------------------------------------------------------------------------------
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from projections.fleet.metrics import serve_metrics
+    from projections.fleet.worker import FleetWorker, WorkerSettings
+
+    factory = load_factory(args.factory)
+    settings = WorkerSettings(
+        worker_id=args.worker_id or WorkerSettings().worker_id,
+        instances=args.instances,
+        lease_ttl=timedelta(seconds=args.lease_ttl),
+    )
+
+    async def body(journal: Journal) -> int:
+        worker = FleetWorker(journal, factory, settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        if args.metrics_port is not None:
+            serve_metrics(worker, args.metrics_port)
+        print(f"worker {worker.me} runs projection {worker.name}; SIGTERM to stop", flush=True)
+        await worker.run()
+        return 0
+
+    return asyncio.run(_with_journal(args, body))
+
+
+# -- operators ---------------------------------------------------------------------------
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    async def body(journal: Journal) -> int:
+        control = FleetControl(journal)
+        changed = await control.scale(args.name, args.instances)
+        print(f"projection {args.name}: {args.instances} instances"
+              f"{'' if changed else ' (unchanged)'}", flush=True)  # fmt: skip
+        if args.no_wait:
+            return 0
+        last: list[str] = []
+
+        def progress(status: FleetStatus) -> None:
+            line = _progress_line(status)
+            if line != (last[-1] if last else None):
+                last.append(line)
+                print(line, flush=True)
+
+        await control.wait_converged(args.name, timeout=args.timeout, progress=progress)
+        print(f"projection {args.name}: converged on {args.instances} ranges", flush=True)
+        return 0
+
+    return asyncio.run(_with_journal(args, body))
+
+
+def _progress_line(status: FleetStatus) -> str:
+    running = sum(1 for r in status.ranges if r.running)
+    old = f", {len(status.leftovers)} old range(s) still held" if status.leftovers else ""
+    return (f"  {running}/{len(status.ranges)} ranges running on {len(status.workers)} "
+            f"worker(s){old}")  # fmt: skip
+
+
+def format_status(status: FleetStatus) -> str:
+    head = ("range", "owner", "epoch", "lag", "paused", "resume_from", "restarts", "last_error")
+    rows = [head]
+    for r in status.ranges:
+        lag = "-" if r.lag is None else f"{r.lag.total_seconds():.1f}s"
+        resume = "-" if r.resume_from is None else r.resume_from.isoformat(timespec="milliseconds")
+        owner = r.owner or f"(none for {r.unowned_for:.0f}s)"
+        if r.owner and not r.running:
+            owner += " (starting)"
+        error = (r.last_error or "-")[:60]
+        rows.append((str(r.slice_range), owner, str(r.epoch or "-"), lag,
+                     "yes" if r.paused else "no", resume, str(r.restarts), error))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [
+        f"projection {status.name} (entity type {status.entity_type}): {status.instances} "
+        f"ranges, {len(status.workers)} live worker(s), lease TTL {status.lease_ttl:g}s"
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    if status.leftovers:
+        lines.append("old ranges still held: " + ", ".join(map(str, status.leftovers)))
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def body(journal: Journal) -> int:
+        status = await FleetControl(journal).status(args.name)
+        print(format_status(status))
+        problem = orphan_message(status)
+        if problem is not None:
+            print(f"slicejournal: {problem}", file=sys.stderr)
+            return ORPHANED
+        return 0
+
+    return asyncio.run(_with_journal(args, body))
+
+
+def _management_command(
+    action: Callable[[Journal, argparse.Namespace], Coroutine[Any, Any, str]],
+) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        async def body(journal: Journal) -> int:
+            await ProjectionManagement(journal).require_known(args.name)
+            print(await action(journal, args))
+            return 0
+
+        return asyncio.run(_with_journal(args, body))
+
+    return command
+
+
+def _scope(args: argparse.Namespace) -> str:
+    return "all ranges" if args.range is None else f"range {args.range}"
+
+
+async def _pause(journal: Journal, args: argparse.Namespace) -> str:
+    await ProjectionManagement(journal).pause(args.name, args.range)
+    return f"projection {args.name}: paused ({_scope(args)})"
+
+
+async def _resume(journal: Journal, args: argparse.Namespace) -> str:
+    await ProjectionManagement(journal).resume(args.name, args.range)
+    return f"projection {args.name}: resumed ({_scope(args)})"
+
+
+async def _set_offset(journal: Journal, args: argparse.Namespace) -> str:
+    await FleetControl(journal).set_offset(args.name, args.timestamp, args.range or FULL_RANGE)
+    return (f"projection {args.name}: resumes at {args.timestamp.isoformat()} "
+            f"({_scope(args)}); running instances restart from there")  # fmt: skip
+
+
+async def _clear_offset(journal: Journal, args: argparse.Namespace) -> str:
+    await FleetControl(journal).clear_offset(args.name, args.range or FULL_RANGE)
+    return (f"projection {args.name}: offsets cleared ({_scope(args)}); "
+            "it restarts from the beginning of the journal")  # fmt: skip
+
+
+async def _dead_letters(journal: Journal, args: argparse.Namespace) -> str:
+    letters = await ProjectionManagement(journal).dead_letters(args.name)
+    if not letters:
+        return f"projection {args.name}: no dead letters"
+    return "\n".join(
+        f"{d.failed_at.isoformat(timespec='seconds')}  {d.persistence_id}  seq_nr {d.seq_nr}  "
+        f"slice {d.slice}  {d.error}"
+        for d in letters
+    )
+
+
+def add_fleet_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    dsn: argparse.ArgumentParser,
+    bounded_int: Callable[[int, int], Callable[[str], int]],
+) -> None:
+    """Register the worker and the operators' commands."""
+    common = argparse.ArgumentParser(add_help=False, parents=[dsn])
+    common.add_argument("--schema", default="public", help="schema name (default: public)")
+
+    p = sub.add_parser(
+        "worker",
+        parents=[common],
+        help="run this process's share of a projection's slice ranges",
+        description="Imports MODULE:ATTR, a factory (journal, slice_range) -> Projection, and "
+        "runs the ranges this worker leases, sharing them with every other worker of the same "
+        "projection through PostgreSQL. SIGTERM/SIGINT: finish batches, save offsets, release "
+        "leases, exit 0.",
+    )
+    p.add_argument("factory", metavar="MODULE:ATTR")
+    p.add_argument("--instances", type=int, default=4,
+                   help="instance count used when none is stored yet (default 4)")  # fmt: skip
+    p.add_argument("--worker-id", default=None, help="this worker's id (default host:pid)")
+    p.add_argument("--lease-ttl", type=float, default=10.0,
+                   help="seconds a lease lasts without renewal (default 10)")  # fmt: skip
+    p.add_argument("--metrics-port", type=bounded_int(0, 65535), default=None,
+                   help="serve Prometheus metrics on this port")  # fmt: skip
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "scale",
+        parents=[common],
+        help="rescale a running fleet",
+        description="Stores the desired instance count (a divisor of 1024) and waits until "
+        "every range of the new split is owned and running.",
+    )
+    p.add_argument("name")
+    p.add_argument("instances", type=int)
+    p.add_argument("--no-wait", action="store_true", help="return at once")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for convergence (default 120)")  # fmt: skip
+    p.set_defaults(func=cmd_scale)
+
+    p = sub.add_parser("status", parents=[common], help="ranges, owners, epochs, lag",
+                       description="One line per range of the current split. Exits 3 if a "
+                       "range has had no owner for longer than twice the lease TTL.")  # fmt: skip
+    p.add_argument("name")
+    p.set_defaults(func=cmd_status)
+
+    ranged = argparse.ArgumentParser(add_help=False, parents=[common])
+    ranged.add_argument("name")
+    ranged.add_argument("--range", type=parse_range, default=None,
+                        help="only this slice range, e.g. 0-255 (default: all)")  # fmt: skip
+    for name, action, text in (
+        ("pause", _pause, "pause a projection (or one slice range) on every worker"),
+        ("resume", _resume, "resume what pause paused"),
+        ("clear-offset", _clear_offset, "restart a projection from the beginning"),
+    ):
+        p = sub.add_parser(name, parents=[ranged], help=text)
+        p.set_defaults(func=_management_command(action))
+    p = sub.add_parser("set-offset", parents=[ranged], help="resume a projection at a timestamp")
+    p.add_argument("timestamp", type=parse_timestamp, help="ISO 8601 with time zone")
+    p.set_defaults(func=_management_command(_set_offset))
+    p = sub.add_parser("dead-letters", parents=[common], help="events a projection skipped")
+    p.add_argument("name")
+    p.set_defaults(func=_management_command(_dead_letters))
