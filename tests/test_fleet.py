@@ -1,0 +1,295 @@
+"""The projection fleet end to end: real `slicejournal worker` processes, really killed.
+
+Writers keep appending (some transactions held open 1-5 s) while the fleet is
+rescaled 4 -> 8 -> 2 -> 4, one worker is SIGKILLed, another SIGSTOPped for
+3 x TTL and resumed, and a fourth joins. The read model's `applied` table has
+no key here, so an event applied twice would show as a second row, not as a
+failed transaction that a restart hides. Also: two overlapping instances
+without leases, and a fenced instance whose lease is taken over mid-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from journal import Journal, SliceRange
+from projections import LeaseLost, OffsetConflict, Projection, ProjectionSettings
+from projections.fencing import Fence
+from projections.fleet.control import FleetControl, FleetStatus
+from projections.fleet.lease_sql import FleetSql
+from tests import bank, fleet_app
+from tests.conftest import fast_query_settings
+from tests.pg import fetch
+
+ROOT = Path(__file__).resolve().parent.parent
+TTL = 2.0
+
+
+class Fleet:
+    """Worker subprocesses of one schema, by worker id."""
+
+    def __init__(self, dsn: str, schema: str, tmp: Path) -> None:
+        self.dsn, self.schema, self.tmp = dsn, schema, tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, worker_id: str) -> None:
+        log = (self.tmp / f"{worker_id}.log").open("wb")
+        self.procs[worker_id] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "slicejournal.cli",
+                "worker",
+                "tests.fleet_app:balances",
+                "--dsn",
+                self.dsn,
+                "--schema",
+                self.schema,
+                "--worker-id",
+                worker_id,
+                "--lease-ttl",
+                str(TTL),
+                "--log-level",
+                "info",
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    def signal(self, worker_id: str, sig: signal.Signals) -> None:
+        self.procs[worker_id].send_signal(sig)
+
+    def log(self, worker_id: str) -> str:
+        return (self.tmp / f"{worker_id}.log").read_text(errors="replace")
+
+    def stop_all(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for worker_id, proc in self.procs.items():
+            try:
+                codes[worker_id] = proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[worker_id] = None
+        return codes
+
+
+@pytest.fixture
+def fleet(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[Fleet]:
+    f = Fleet(pg_dsn, schema, tmp_path)
+    try:
+        yield f
+    finally:
+        for proc in f.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def cli(*args: str, dsn: str, schema: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "slicejournal.cli", *args, "--dsn", dsn, "--schema", schema,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def owners(control: FleetControl) -> FleetStatus:
+    return await control.status(fleet_app.NAME)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_fleet_rescales_loses_workers_and_applies_every_event_once(
+    journal: Journal, fleet: Fleet, pg_dsn: str, schema: str
+) -> None:
+    await bank.create_read_model(journal, with_primary_key=False)
+    control = FleetControl(journal)
+    writers = bank.Writers(journal, 300, late_fraction=0.1, seed=7)
+    for worker_id in ("w1", "w2", "w3"):
+        fleet.start(worker_id)
+
+    async def converge(without: str | None = None, workers: int | None = None) -> FleetStatus:
+        """Converged and balanced over the live workers (`workers` of them), and (after a
+        kill or a freeze) with `without` owning nothing."""
+        for _ in range(300):
+            status = await control.wait_converged(fleet_app.NAME, timeout=60, interval=0.2)
+            owners = [r.owner for r in status.ranges]
+            counts = [owners.count(w) for w in status.workers]
+            if (
+                without not in owners
+                and (workers is None or len(status.workers) == workers)
+                and max(counts) - min(counts) <= 1
+            ):
+                return status
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"not converged and balanced: {status}")
+
+    async def scale(n: int) -> None:
+        code, out = await cli("scale", fleet_app.NAME, str(n), "--timeout", "60",
+                              dsn=pg_dsn, schema=schema)  # fmt: skip
+        assert code == 0, out
+        assert f"converged on {n} ranges" in out
+
+    async def registered() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await control.status(fleet_app.NAME)
+                return
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(registered(), 30)
+    writers.start(writers=6)
+    try:
+        status = await converge(workers=3)
+        assert status.instances == 4
+        assert len({r.owner for r in status.ranges}) == 3  # 2/1/1
+        await scale(8)
+        await scale(2)
+        victim = (await owners(control)).ranges[0].owner
+        assert victim is not None
+        fleet.signal(victim, signal.SIGKILL)
+        status = await converge(without=victim)
+        frozen = next(r.owner for r in status.ranges if r.owner)
+        assert frozen is not None
+        fleet.signal(frozen, signal.SIGSTOP)
+        await asyncio.sleep(3 * TTL)
+        status = await converge(without=frozen)  # taken over while it is frozen
+        fleet.signal(frozen, signal.SIGCONT)
+        fleet.start("w4")
+        await scale(4)
+        await asyncio.sleep(2)
+    finally:
+        await writers.stop()
+    await bank.wait_until_projected(journal, within=90)
+    status = await converge(workers=3)  # w2, w3 (resumed) and w4; the killed one is gone
+    assert len({r.owner for r in status.ranges}) == 3  # 2/1/1 over the survivors
+
+    balances, applied, distinct = await bank.projected(journal)
+    total = await bank.journal_count(journal)
+    assert writers.late > 0
+    assert (applied, distinct) == (total, total), "an event was applied twice or not at all"
+    assert balances == await bank.expected_balances(journal)
+
+    codes = fleet.stop_all()
+    assert codes[victim] == -signal.SIGKILL
+    assert all(code == 0 for w, code in codes.items() if w != victim), codes
+    frozen_log = fleet.log(frozen)
+    assert "lost range" in frozen_log, frozen_log[-3000:]
+
+
+# -- without the fleet: the offset rows themselves refuse a second application ---------
+
+
+@pytest.mark.timeout(60)
+async def test_overlapping_instances_without_leases_never_apply_an_event_twice(
+    journal: Journal,
+) -> None:
+    await bank.create_read_model(journal, with_primary_key=False)
+
+    def instance(r: SliceRange) -> Projection:
+        return Projection.exactly_once(
+            journal,
+            name="balances",
+            entity_type=bank.ENTITY,
+            slice_range=r,
+            handler=bank.make_handler(journal),
+            query_settings=fast_query_settings(),
+        )
+
+    wide, narrow = instance(SliceRange(0, 1023)), instance(SliceRange(0, 511))
+    tasks = [asyncio.create_task(p.run()) for p in (wide, narrow)]
+    writers = bank.Writers(journal, 100, late_fraction=0.0)
+    writers.start(writers=4, max_batches=40)
+    await writers.wait()
+    await asyncio.wait(tasks, timeout=30, return_when=asyncio.FIRST_EXCEPTION)
+    for p in (wide, narrow):
+        await p.stop()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    conflicts = [r for r in results if isinstance(r, OffsetConflict)]
+    assert conflicts, f"two overlapping instances both ran to the end: {results}"
+    assert all(r is None or isinstance(r, OffsetConflict) for r in results), results
+
+    _, applied, distinct = await bank.projected(journal)
+    assert applied == distinct, f"{applied - distinct} event(s) applied twice"
+
+
+# -- fencing: a lease taken over mid-run ends the instance, its batch rolled back --------
+
+
+async def fetch_offsets(journal: Journal) -> int:
+    query = sql.SQL("SELECT count(*) FROM {} WHERE persistence_id <> ''")
+    rows = await fetch(journal.dsn, query.format(journal.tables.offset_store))
+    return int(rows[0][0])
+
+
+async def claim(journal: Journal, r: SliceRange, owner: str) -> int:
+    """Claim (or take over) a lease the way a worker does; returns its epoch."""
+    statements = FleetSql(journal.tables)
+    connect = psycopg.AsyncConnection.connect(journal.dsn, autocommit=True)
+    async with await connect as conn, conn.transaction():
+        # FOR UPDATE: waits for a fenced transaction holding the row FOR KEY SHARE.
+        await conn.execute(statements.lock_overlapping, ("balances", r.max_slice, r.min_slice))
+        params = statements.claim_params("balances", r, owner, 3_600_000)
+        cur = await conn.execute(statements.claim, params)
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.timeout(60)
+async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
+    journal: Journal,
+) -> None:
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    gate, in_flight = asyncio.Event(), asyncio.Event()
+    inner = bank.make_grouped_handler(journal)
+
+    async def slow_handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        await inner(conn, envs)
+        in_flight.set()
+        await gate.wait()  # the batch is in flight, its transaction open
+
+    projection = Projection.grouped(
+        journal,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=everything,
+        handler=slow_handler,
+        settings=ProjectionSettings(group_after_envelopes=5, group_after_duration=0.05),
+        query_settings=fast_query_settings(),
+    )
+    epoch = await claim(journal, everything, "me")
+    fence = Fence("balances", everything, "me", epoch, 60_000)
+    run = asyncio.create_task(projection.run(fence=fence))
+    await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}] * 5, expected_seq_nr=0)
+    await asyncio.wait_for(in_flight.wait(), 20)
+    # The instance is "frozen" with a batch in flight, its writes made but not
+    # committed; meanwhile another worker takes the range over.
+    await claim(journal, everything, "someone-else")
+    gate.set()
+    with pytest.raises(LeaseLost):
+        await asyncio.wait_for(run, 20)
+    _, applied, distinct = await bank.projected(journal)
+    assert (applied, distinct) == (0, 0), "the frozen instance's batch was committed"
+    rows = await fetch_offsets(journal)
+    assert rows == 0, "offsets of the rolled-back batch were stored"
