@@ -20,7 +20,10 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any
 
+from psycopg.conninfo import make_conninfo
+
 from journal import InvalidArgument, Journal, JournalSettings, SliceRange
+from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from projections.fleet.control import FleetControl, FleetStatus, orphan_message
 from projections.management import FULL_RANGE, ProjectionManagement
@@ -83,10 +86,24 @@ def _journal_settings(args: argparse.Namespace) -> JournalSettings:
 
 
 async def _with_journal(
-    args: argparse.Namespace, body: Callable[[Journal], Coroutine[Any, Any, int]]
+    args: argparse.Namespace,
+    body: Callable[[Journal], Coroutine[Any, Any, int]],
+    application_name: str = "slicejournal",
 ) -> int:
-    async with Journal.connect(resolve_dsn(args.dsn), _journal_settings(args)) as journal:
+    dsn = with_application_name(resolve_dsn(args.dsn), application_name)
+    async with Journal.connect(dsn, _journal_settings(args)) as journal:
         return await body(journal)
+
+
+def with_application_name(dsn: str | None, name: str) -> str | None:
+    """The DSN with `application_name` set (unless it sets one): `pg_stat_activity` then
+    shows which connections are whose."""
+    if dsn is None:
+        return None
+    params = parse_dsn(dsn)
+    if "application_name" in params:
+        return dsn
+    return make_conninfo(dsn, application_name=name[:63])
 
 
 # -- worker ------------------------------------------------------------------------------
@@ -114,7 +131,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await worker.run()
         return 0
 
-    return asyncio.run(_with_journal(args, body))
+    return asyncio.run(_with_journal(args, body, f"slicejournal worker {settings.worker_id}"))
 
 
 # -- operators ---------------------------------------------------------------------------
@@ -159,7 +176,9 @@ def format_status(status: FleetStatus) -> str:
         owner = r.owner or f"(none for {r.unowned_for:.0f}s)"
         if r.owner and not r.running:
             owner += " (starting)"
-        error = (r.last_error or "-")[:60]
+        # Whole (the last column, it widens no other), on one line: a handler's failure
+        # reads "ProjectionError: projection NAME RANGE failed on PID seq_nr N ...: CAUSE".
+        error = " ".join((r.last_error or "-").split())
         rows.append((str(r.slice_range), owner, str(r.epoch or "-"), lag,
                      "yes" if r.paused else "no", resume, str(r.restarts), error))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
