@@ -69,14 +69,22 @@ class Tables:
         return self._qualified(self.settings.lease_table)
 
     @cached_property
+    def lease_epoch_name(self) -> str:
+        """The sequence every lease claim draws its (globally increasing) epoch from."""
+        return _derived_name(self.settings.lease_table, "_epoch")
+
+    @cached_property
     def lease_epoch(self) -> sql.Identifier:
-        """The sequence every lease takeover draws its (globally increasing) epoch from."""
-        return self._qualified(_derived_name(self.settings.lease_table, "_epoch"))
+        return self._qualified(self.lease_epoch_name)
+
+    @cached_property
+    def lease_fence_name(self) -> str:
+        """The function an offset transaction calls to prove it still holds its lease."""
+        return _derived_name(self.settings.lease_table, "_fence")
 
     @cached_property
     def lease_fence(self) -> sql.Identifier:
-        """The function an offset transaction calls to prove it still holds its lease."""
-        return self._qualified(_derived_name(self.settings.lease_table, "_fence"))
+        return self._qualified(self.lease_fence_name)
 
     @cached_property
     def notify_channel(self) -> str:

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection, errors, sql
 
 from journal.errors import JournalError
 from journal.settings import JournalSettings
+from journal.tables import Tables
 
 LEGACY_DEMO_SCHEMA = "slicejournal_demo"
 DEMO_MARK = "created by `slicejournal demo`; its tables are reset on every demo run"
@@ -32,12 +33,16 @@ def _demo_tables(settings: JournalSettings, read_models: tuple[str, ...]) -> lis
         settings.offset_table,
         settings.management_table,
         settings.dead_letter_table,
+        settings.fleet_table,
+        settings.fleet_worker_table,
+        settings.lease_table,
         *read_models,
     ]
 
 
 # Every object in the schema that is not one of the given tables, their row
-# types, indexes, sequences or the types' array twins.
+# types, indexes, sequences or the types' array twins, nor the lease sequence
+# and fence function that `slicejournal init` creates beside them.
 _FOREIGN_OBJECTS = sql.SQL(
     """
     SELECT c.relname FROM pg_class c
@@ -47,6 +52,7 @@ _FOREIGN_OBJECTS = sql.SQL(
     UNION ALL
     SELECT c.relname FROM pg_class c
     WHERE c.relnamespace = %(ns)s::regnamespace AND c.relkind IN ('i', 'I', 'S')
+      AND c.relname <> %(sequence)s
       AND NOT EXISTS (
         SELECT 1 FROM pg_depend d JOIN pg_class t ON t.oid = d.refobjid
         WHERE d.objid = c.oid AND t.relname = ANY(%(ours)s)
@@ -56,6 +62,7 @@ _FOREIGN_OBJECTS = sql.SQL(
         WHERE i.indexrelid = c.oid AND t.relname = ANY(%(ours)s))
     UNION ALL
     SELECT p.proname || '()' FROM pg_proc p WHERE p.pronamespace = %(ns)s::regnamespace
+      AND p.proname <> %(function)s
     UNION ALL
     SELECT t.typname FROM pg_type t
     WHERE t.typnamespace = %(ns)s::regnamespace AND t.typrelid = 0 AND t.typcategory <> 'A'
@@ -97,7 +104,16 @@ async def claim_demo_schema(
             "choose another --schema"
         )
     ours = _demo_tables(settings, read_models)
-    cur = await conn.execute(_FOREIGN_OBJECTS, {"ns": schema, "ours": ours})
+    t = Tables(settings)
+    cur = await conn.execute(
+        _FOREIGN_OBJECTS,
+        {
+            "ns": schema,
+            "ours": ours,
+            "sequence": t.lease_epoch_name,
+            "function": t.lease_fence_name,
+        },
+    )
     foreign = [r[0] for r in await cur.fetchall()]
     if foreign:
         raise DemoSchemaRefused(
@@ -111,10 +127,12 @@ async def claim_demo_schema(
                 sql.Identifier(schema), sql.Literal(DEMO_MARK)
             )
         )
-    tables = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ours)
+    tables = sql.SQL(", ").join(sql.Identifier(schema, name) for name in ours)
     try:
         # No CASCADE: a user's view on a demo table makes this fail, not vanish.
         await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(tables))
+        await conn.execute(sql.SQL("DROP SEQUENCE IF EXISTS {}").format(t.lease_epoch))
+        await conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}").format(t.lease_fence))
     except errors.DependentObjectsStillExist as e:
         raise DemoSchemaRefused(
             f"schema {schema!r}: another object depends on a demo table ({e.diag.message_detail})"

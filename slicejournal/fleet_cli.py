@@ -2,7 +2,8 @@
 dead-letters`: running and operating a projection fleet from the command line.
 
 `worker MODULE:ATTR` imports a factory `(journal, slice_range) -> Projection`
-and runs this process's share of its ranges until SIGTERM or SIGINT (then it
+(or a `WorkerApp`: the factory and the serializers its journal needs) and
+runs this process's share of its ranges until SIGTERM or SIGINT (then it
 finishes its batches, saves offsets, releases its leases and exits 0). The
 operators' commands work from any machine against a live fleet.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
-from journal import InvalidArgument, Journal, JournalSettings, SliceRange
+from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistry, SliceRange
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from projections.fleet.control import FleetControl, FleetStatus, orphan_message
@@ -59,7 +60,7 @@ def parse_timestamp(text: str) -> datetime:
     return value
 
 
-def load_factory(spec: str) -> Callable[..., Any]:
+def load_target(spec: str) -> Any:
     """Import `MODULE:ATTR` (the working directory is importable, as with `python -m`)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -76,9 +77,11 @@ def load_factory(spec: str) -> Callable[..., Any]:
         factory = getattr(module, attr)
     except AttributeError:
         raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(factory):
-        raise InvalidArgument(f"{spec} is not callable: a factory (journal, slice_range) is")
-    return factory  # type: ignore[no-any-return]
+    if not callable(factory) and not hasattr(factory, "factory"):
+        raise InvalidArgument(
+            f"{spec} is neither a factory (journal, slice_range) -> Projection nor a WorkerApp"
+        )
+    return factory
 
 
 def _journal_settings(args: argparse.Namespace) -> JournalSettings:
@@ -89,9 +92,10 @@ async def _with_journal(
     args: argparse.Namespace,
     body: Callable[[Journal], Coroutine[Any, Any, int]],
     application_name: str = "slicejournal",
+    serializers: SerializerRegistry | None = None,
 ) -> int:
     dsn = with_application_name(resolve_dsn(args.dsn), application_name)
-    async with Journal.connect(dsn, _journal_settings(args)) as journal:
+    async with Journal.connect(dsn, _journal_settings(args), serializers=serializers) as journal:
         return await body(journal)
 
 
@@ -111,9 +115,10 @@ def with_application_name(dsn: str | None, name: str) -> str | None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from projections.fleet.metrics import serve_metrics
-    from projections.fleet.worker import FleetWorker, WorkerSettings
+    from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
 
-    factory = load_factory(args.factory)
+    target = load_target(args.factory)
+    app = target if isinstance(target, WorkerApp) else WorkerApp(target)
     settings = WorkerSettings(
         worker_id=args.worker_id or WorkerSettings().worker_id,
         instances=args.instances,
@@ -121,7 +126,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     async def body(journal: Journal) -> int:
-        worker = FleetWorker(journal, factory, settings)
+        worker = FleetWorker(journal, app.factory, settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -131,7 +136,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await worker.run()
         return 0
 
-    return asyncio.run(_with_journal(args, body, f"slicejournal worker {settings.worker_id}"))
+    name = f"slicejournal worker {settings.worker_id}"
+    return asyncio.run(_with_journal(args, body, name, app.serializers))
 
 
 # -- operators ---------------------------------------------------------------------------

@@ -47,6 +47,9 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
             "projection_timestamp_offset_store",
             "projection_management",
             "projection_dead_letter",
+            "projection_fleet",
+            "projection_fleet_worker",
+            "projection_lease",
         }
         second = run(["init", "--dsn", pg_dsn, "--schema", schema])
         assert second.returncode == 0, second.stderr

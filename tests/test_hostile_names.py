@@ -14,7 +14,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from journal import InvalidSettings, Journal, JournalSettings, slice_for
+from journal import InvalidSettings, Journal, JournalSettings, SliceRange, slice_for
+from projections.fencing import FENCE_SQLSTATE, Fence
+from projections.fleet.lease_sql import FleetSql
+from projections.offset_dao import OffsetDao
+from projections.offset_store import Record
 from tests.pg import fetch
 
 
@@ -81,6 +85,9 @@ async def test_hostile_schema_and_table_names(
         offset_table=f"o {hostile}",
         management_table=f"m {hostile}",
         dead_letter_table=f"d {hostile}",
+        fleet_table=f"f {hostile}",
+        fleet_worker_table=f"w {hostile}",
+        lease_table=f"l {hostile} $body$",  # the fence function's body is dollar-quoted
     )
     try:
         async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
@@ -95,12 +102,33 @@ async def test_hostile_schema_and_table_names(
             ids = [p async for p in j.current_persistence_ids()]
             await j.delete_events_to(pid, 1)
             after_delete = [e.seq_nr async for e in j.current_events_by_persistence_id(pid)]
+            # A lease claimed and a fenced offset save: the fence function runs.
+            statements = FleetSql(j.tables)
+            r = SliceRange(0, 1023)
+            async with j.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    statements.claim, statements.claim_params("p", r, "me", 60_000)
+                )
+                epoch = (await cur.fetchone() or (0,))[0]
+            dao = OffsetDao(j.tables, "p")
+            fence = Fence("p", r, "me", epoch, 60_000)
+            async with j.pool.connection() as conn, conn.transaction():
+                await dao.save(conn, "0-1023", [Record(s, pid, 3, events[2].db_timestamp)], fence)
+            stolen = Fence("p", r, "me", epoch + 1, 60_000)
+            with pytest.raises(psycopg.Error) as lost:
+                async with j.pool.connection() as conn, conn.transaction():
+                    await dao.save(conn, "0-1023", [Record(s, pid, 4, events[2].db_timestamp)],
+                                   stolen)  # fmt: skip
+            assert lost.value.sqlstate == FENCE_SQLSTATE
+            async with j.pool.connection() as conn:
+                saved = await dao.load(conn, r)
             await j.create_schema()  # idempotent under these names too
         assert [e.event for e in events] == [{"a": 1}, {"a": 2}, {"a": 3}]
         assert [e.seq_nr for e in by_slice] == [1, 2, 3]
         assert snap is not None and snap.state == {"sum": 6}
         assert ids == [pid]
         assert after_delete == [2, 3]
+        assert [(x.persistence_id, x.seq_nr) for x in saved] == [(pid, 3)]
 
         # the tables exist under exactly these names
         assert await tables_in(pg_dsn, schema) == {
@@ -109,6 +137,9 @@ async def test_hostile_schema_and_table_names(
             f"o {hostile}",
             f"m {hostile}",
             f"d {hostile}",
+            f"f {hostile}",
+            f"w {hostile}",
+            f"l {hostile} $body$",
         }
         journal_table = sql.Identifier(schema, f"j {hostile}")
         rows = await fetch(
