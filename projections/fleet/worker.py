@@ -39,6 +39,7 @@ import psycopg
 
 from journal import Journal, SliceRange, slice_ranges
 from journal.errors import InvalidArgument, JournalError
+from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
 from projections.errors import LeaseLost
 from projections.fencing import Fence
@@ -51,6 +52,15 @@ _log = logging.getLogger("slicejournal.projections.fleet")
 
 Factory = Callable[[Journal, SliceRange], Projection]
 FULL_RANGE = SliceRange(0, 1023)
+
+
+@attrs.frozen
+class WorkerApp:
+    """What `slicejournal worker MODULE:ATTR` runs when a bare factory is not enough:
+    the factory, and the serializers the worker's journal must decode events with."""
+
+    factory: Factory
+    serializers: SerializerRegistry | None = None
 
 
 def default_worker_id() -> str:
