@@ -21,6 +21,8 @@ from projections.settings import ProjectionSettings
 
 # The runners and management load psycopg and asyncio: imported on first use.
 if TYPE_CHECKING:
+    from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus
+    from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
     from projections.management import DeadLetter, ProjectionManagement, RangeStatus
     from projections.runner import (
         AtLeastOnceHandler,
@@ -41,6 +43,9 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(
             (
                 "AtLeastOnceHandler",
+                "FleetControl",
+                "FleetStatus",
+                "FleetWorker",
                 "GroupedHandler",
                 "Handler",
                 "Projection",
@@ -48,6 +53,10 @@ __getattr__, __dir__ = lazy_attributes(
             "projections.runner",
         ),
         "ProjectionGroup": "projections.scaling",
+        **dict.fromkeys(
+            ("FleetControl", "FleetStatus", "LeaseStatus"), "projections.fleet.control"
+        ),
+        **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
         "SyncHandler": "projections.sync_runner",
         "SyncProjection": "projections.sync_runner",
     },
@@ -56,9 +65,13 @@ __getattr__, __dir__ = lazy_attributes(
 __all__ = [
     "AtLeastOnceHandler",
     "DeadLetter",
+    "FleetControl",
+    "FleetStatus",
+    "FleetWorker",
     "GroupedHandler",
     "Handler",
     "LeaseLost",
+    "LeaseStatus",
     "Mode",
     "OffsetConflict",
     "OffsetState",
@@ -78,5 +91,7 @@ __all__ = [
     "UnknownProjection",
     "Validation",
     "Verdict",
+    "WorkerApp",
+    "WorkerSettings",
     "range_key",
 ]

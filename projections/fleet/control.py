@@ -150,11 +150,21 @@ class FleetControl:
         interval: float = 0.5,
         progress: Callable[[FleetStatus], None] | None = None,
     ) -> FleetStatus:
-        """Poll `status` until the fleet has converged; `JournalError` after `timeout` s."""
+        """Poll `status` until the fleet has converged; `JournalError` after `timeout` s.
+
+        A projection no worker has registered yet is waited for too (workers
+        just started); it is `UnknownProjection` if none registers in time.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            status = await self.status(name)
+            try:
+                status = await self.status(name)
+            except UnknownProjection:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(interval)
+                continue
             if progress is not None:
                 progress(status)
             if status.converged:
