@@ -514,7 +514,11 @@ async def test_dao_cleanup_keeps_each_slices_latest_row(bank_journal: Journal) -
     dao, other = OffsetDao(j.tables, NAME), OffsetDao(j.tables, "other")
     async with j.pool.connection() as conn:
         await dao.save(conn, "0-1023", rows)
-        await dao.save(conn, "0-1023", rows)  # saving again changes nothing
+        # Storing an event's offset twice is refused as a whole (another instance
+        # handled it): the transaction fails and changes nothing.
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            async with conn.transaction():
+                await dao.save(conn, "0-1023", rows)
         await other.save(conn, "0-1023", rows[:5])
     async with j.pool.connection() as conn:
         deleted = await dao.cleanup(conn, LOWER, timedelta(seconds=30))

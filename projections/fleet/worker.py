@@ -346,7 +346,10 @@ class FleetWorker:
                 instance.projection = projection
                 await self._report(instance, running=True)
                 await projection.run(fence=instance.fence)
-                return  # stopped on request
+                # Stopped on request: status must not show it running while parked.
+                with contextlib.suppress(psycopg.Error, JournalError, OSError):
+                    await self._report(instance, running=False)
+                return
             except asyncio.CancelledError:
                 raise
             except LeaseLost as error:
