@@ -4,15 +4,16 @@ A fleet worker frozen past its lease's expiry (SIGSTOP, a GC pause, a network
 partition) may wake up in the middle of a batch after another worker took its
 range over. Checking the lease before the transaction is not enough; the check
 must be part of the transaction that stores the offsets. `Fence.statement` is
-the first statement of every such transaction: it calls the schema's fence
-function, which locks the lease row `FOR KEY SHARE` (a takeover, which locks
-it `FOR UPDATE`, waits for the transaction to end; the owner's renewals do
-not) and raises SQLSTATE `SJ001` unless the row still has this owner and
-epoch and has not expired on the database clock. The transaction then rolls
-back and the runner raises `LeaseLost`. It also bounds how long the
-transaction may sit idle (`idle_timeout_ms`, the lease TTL): a worker frozen
-mid-batch has its transaction ended by the server instead of holding a
-takeover up.
+run in every such transaction right before its offset rows (after the
+handler's writes): it calls the schema's fence function, which locks the
+lease row `FOR KEY SHARE` (a takeover, which locks it `FOR UPDATE`, waits for
+the transaction to end; the owner's renewals do not) and raises SQLSTATE
+`SJ001` unless the row still has this owner and epoch and has not expired on
+the database clock. The transaction then rolls
+back and the runner raises `LeaseLost`. A fenced handler transaction also
+starts with `Fence.idle_limit()`: it may sit idle at most the lease TTL, so a
+worker frozen mid-batch has its transaction (and the read-model rows it
+locked) ended by the server instead of holding the next owner up.
 
 Without a fence the offset rows themselves still guard against doubles: event
 rows are inserted without `ON CONFLICT`, so a second instance storing the same
@@ -53,6 +54,13 @@ class Fence:
             self.epoch,
             self.idle_timeout_ms,
         )
+
+    def idle_limit(self) -> tuple[sql.SQL, tuple[object, ...]]:
+        """The first statement of a fenced handler transaction: the server ends it if it
+        sits idle longer than the TTL, so a worker frozen mid-handler (its read-model
+        row locks held) cannot block the range's next owner for long."""
+        query = sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
+        return query, (str(self.idle_timeout_ms),)
 
 
 def offset_error(error: BaseException, tables: Tables, where: str) -> ProjectionError | None:

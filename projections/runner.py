@@ -344,6 +344,8 @@ class Projection:
             conn.pipeline(),
             conn.transaction(),
         ):
+            if self._fence is not None:
+                await conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
                 await self._handler(conn, envelopes)
             else:

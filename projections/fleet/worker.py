@@ -158,6 +158,9 @@ class FleetWorker:
         try:
             await self._every(self.settings.poll_interval, self._rebalance)
         finally:
+            # Instances first, while their leases are still renewed: a slow final
+            # batch must not outlive its lease and lose its offsets to the fence.
+            await self._stop_all()
             renew.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renew
@@ -170,11 +173,14 @@ class FleetWorker:
                 self._sql.register, (self.name, self.entity_type, self.settings.instances, ttl)
             )
 
-    async def _leave(self) -> None:
+    async def _stop_all(self) -> None:
         ranges = list(self.instances)
         for instance in await asyncio.gather(*(self._stop_instance(r) for r in ranges)):
             if instance is not None:
                 self._parked[instance.slice_range] = instance.fence.epoch
+
+    async def _leave(self) -> None:
+        ranges = list(self._parked)
         for r, epoch in list(self._parked.items()):
             await self._release_row(r, epoch)
         with contextlib.suppress(psycopg.Error, JournalError):
@@ -196,7 +202,9 @@ class FleetWorker:
                 raise
             except (psycopg.Error, JournalError, OSError) as error:
                 failures += 1
-                delay = min(interval * 2**failures, self.settings.lease_ttl.total_seconds())
+                # Soon at first (a lease must be renewed before it expires), then backing
+                # off up to the step's own interval.
+                delay = min(interval, 0.25 * 2**failures)
                 _log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.me,
                              getattr(step, "__name__", step), error, delay)  # fmt: skip
             with contextlib.suppress(TimeoutError):
@@ -205,20 +213,23 @@ class FleetWorker:
     # -- renew -------------------------------------------------------------------------------
 
     async def _renew(self) -> None:
-        held = {i.fence.epoch: r for r, i in self.instances.items() if not i.lost}
+        held = {i.fence.epoch: i for i in self.instances.values() if not i.lost}
         ttl = self.settings.ttl_ms
         async with self.journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
             cur = await conn.execute(self._sql.renew, (ttl, self.name, self.me, list(held)))
             renewed = {epoch for (epoch,) in await cur.fetchall()}
-        for epoch, r in held.items():
+        for epoch, instance in held.items():
             if epoch not in renewed:
-                self._lost(r, "its lease was not renewed (taken over or expired)")
+                self._lost(instance, "its lease was not renewed (taken over or expired)")
 
-    def _lost(self, r: SliceRange, why: str) -> None:
-        instance = self.instances.pop(r, None)
-        if instance is None:
+    def _lost(self, instance: Instance, why: str) -> None:
+        """The instance's lease is gone: stop it (it could not commit anyway). Only this
+        instance: the range may already run again under a newer claim."""
+        r = instance.slice_range
+        if instance.lost or self.instances.get(r) is not instance:
             return
+        del self.instances[r]
         instance.lost = True
         _log.warning("worker %s lost range %s of %s: %s; instance stopped", self.me, r,
                      self.name, why)  # fmt: skip
@@ -240,7 +251,8 @@ class FleetWorker:
             # worker's claim transaction replaces the row in one step.
             for r in decided.release:
                 await self._park(r)
-            if not (decided.claim or decided.waiting or self._parked):
+            idle = [r for r in decided.keep if r not in self.instances]
+            if not (decided.claim or decided.waiting or self._parked or idle):
                 return
             claimed, wanted = await self._claim(conn)
             for r, epoch in claimed:
@@ -262,15 +274,15 @@ class FleetWorker:
     async def _read(
         self, conn: psycopg.AsyncConnection[Any], *, lock: bool
     ) -> tuple[int, float, list[str], list[LeaseRow]]:
-        ttl = self.settings.ttl_ms
-        await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
+        if not lock:  # (not under the claim's locks: it would hold up this worker's renewal)
+            params = {"name": self.name, "me": self.me, "ttl": self.settings.ttl_ms}
+            await conn.execute(self._sql.heartbeat, params)
         cur = await conn.execute(self._sql.lock_fleet if lock else self._sql.fleet, (self.name,))
         row = await cur.fetchone()
-        if row is None:  # deleted by hand while running: register again
+        if row is None:  # deleted by hand while running: register again, plan next tick
             await self._register()
-            instances, now = self.settings.instances, 0.0
-        else:
-            instances, now = (row[0], row[1]) if lock else (row[0], row[3])
+            raise JournalError(f"the fleet row of {self.name} was missing; registered again")
+        instances, now = (row[0], row[1]) if lock else (row[0], row[3])
         cur = await conn.execute(self._sql.live_workers, (self.name,))
         workers = [w for (w,) in await cur.fetchall()]
         cur = await conn.execute(self._sql.leases, (self.name,))
@@ -297,7 +309,11 @@ class FleetWorker:
                 instances, now, workers, leases = await self._read(conn, lock=True)
                 decided = plan(self.me, slice_ranges(instances), workers, leases, now)
                 wanted = [*decided.claim, *decided.waiting, *decided.keep]
-                for r in decided.claim:
+                # A range held in the table but run by no instance here (its lease
+                # expired and its fence failed, or it was parked and came back):
+                # claimed again under a new epoch rather than left to expire.
+                idle = [r for r in decided.keep if r not in self.instances]
+                for r in [*decided.claim, *idle]:
                     if any(overlaps(r, mine) for mine in self.instances):
                         continue  # one of this worker's own instances still covers a slice
                     epoch = await self._claim_one(conn, r)
@@ -340,7 +356,7 @@ class FleetWorker:
     async def _supervise(self, instance: Instance) -> None:
         r = instance.slice_range
         backoff = self.settings.restart_backoff_min.total_seconds()
-        while not instance.stopping.is_set():
+        while not (instance.stopping.is_set() or instance.lost):
             try:
                 projection = self.factory(self.journal, r)
                 instance.projection = projection
@@ -353,7 +369,7 @@ class FleetWorker:
             except asyncio.CancelledError:
                 raise
             except LeaseLost as error:
-                self._lost(r, str(error))
+                self._lost(instance, str(error))
                 return
             except Exception as error:
                 instance.restarts += 1
