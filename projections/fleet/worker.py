@@ -202,6 +202,7 @@ class FleetWorker:
                 raise
             except (psycopg.Error, JournalError, OSError) as error:
                 failures += 1
+                await self._check_pools()
                 # Soon at first (a lease must be renewed before it expires), then backing
                 # off up to the step's own interval.
                 delay = min(interval, 0.25 * 2**failures)
@@ -357,6 +358,7 @@ class FleetWorker:
         r = instance.slice_range
         backoff = self.settings.restart_backoff_min.total_seconds()
         while not (instance.stopping.is_set() or instance.lost):
+            started = asyncio.get_running_loop().time()
             try:
                 projection = self.factory(self.journal, r)
                 instance.projection = projection
@@ -377,11 +379,22 @@ class FleetWorker:
                 _log.error("worker %s: range %s of %s failed (restart %d in %.1f s): %s",
                            self.me, r, self.name, instance.restarts, backoff,
                            instance.last_error)  # fmt: skip
+            await self._check_pools()
             with contextlib.suppress(psycopg.Error, JournalError, OSError):
                 await self._report(instance, running=False)
+            limit = self.settings.restart_backoff_max.total_seconds()
+            if asyncio.get_running_loop().time() - started > limit:
+                backoff = self.settings.restart_backoff_min.total_seconds()  # it had recovered
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(instance.stopping.wait(), backoff)
-            backoff = min(backoff * 2, self.settings.restart_backoff_max.total_seconds())
+            backoff = min(backoff * 2, limit)
+
+    async def _check_pools(self) -> None:
+        """After a failure, test the pools' idle connections: backends killed (or a server
+        restarted) while they sat idle would otherwise fail one restart each."""
+        for pool in (self.journal.pool, self.journal.read_pool):
+            with contextlib.suppress(Exception):
+                await pool.check()
 
     async def _report(self, instance: Instance, *, running: bool) -> None:
         async with self.journal.pool.connection() as conn:
