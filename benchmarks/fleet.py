@@ -105,6 +105,7 @@ from journal.tables import Tables
 from projections import Projection, ProjectionGroup, ProjectionSettings
 from projections.fleet.control import FleetControl, FleetStatus
 from projections.management import ProjectionManagement
+from slicejournal.fleet_cli import worker_argv
 
 BENCH_DIR = Path(__file__).resolve().parent
 FACTORY = "fleet:projection"  # this module, imported by the workers from BENCH_DIR
@@ -229,11 +230,17 @@ class Fleet:
 
     async def start(self, worker_id: str) -> None:
         with self.log_path(worker_id).open("wb") as log:
+            argv = worker_argv(
+                FACTORY,
+                dsn=self.dsn,
+                schema=self.schema,
+                worker_id=worker_id,
+                lease_ttl=self.ttl,
+                instances=INSTANCES,
+                log_level="info",
+            )
             self.procs[worker_id] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "slicejournal.cli", "worker", FACTORY,
-                "--dsn", self.dsn, "--schema", self.schema, "--worker-id", worker_id,
-                "--lease-ttl", repr(self.ttl), "--instances", str(INSTANCES),
-                "--log-level", "info",
+                *argv,
                 cwd=BENCH_DIR, stdin=asyncio.subprocess.DEVNULL, stdout=log,
                 stderr=asyncio.subprocess.STDOUT, env={**os.environ, RUN_ENV: self.run_tag},
                 preexec_fn=_die_with_parent(),

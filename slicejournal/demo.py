@@ -19,7 +19,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from projections.fleet.worker import WorkerApp
 from projections.runner import Projection
 from projections.settings import ProjectionSettings
 from slicejournal.demo_schema import claim_demo_schema
+from slicejournal.fleet_cli import worker_argv
 
 ENTITY_TYPE = "Account"
 READ_MODEL_TABLE = "balances"
@@ -214,23 +214,14 @@ class DemoFleet:
     def start(self, worker_id: str) -> None:
         log = (self.logs / f"{worker_id}.log").open("wb")
         self.procs[worker_id] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slicejournal.cli",
-                "worker",
+            worker_argv(
                 "slicejournal.demo:worker_app",
-                "--dsn",
-                self.dsn,
-                "--schema",
-                self.schema,
-                "--worker-id",
-                worker_id,
-                "--lease-ttl",
-                str(LEASE_TTL),
-                "--log-level",
-                "info",
-            ],
+                dsn=self.dsn,
+                schema=self.schema,
+                worker_id=worker_id,
+                lease_ttl=LEASE_TTL,
+                log_level="info",
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -113,6 +113,19 @@ def with_application_name(dsn: str | None, name: str) -> str | None:
 # -- worker ------------------------------------------------------------------------------
 
 
+def worker_argv(
+    target: str, *, dsn: str, schema: str, worker_id: str, lease_ttl: float, **options: object
+) -> list[str]:
+    """The command that starts `slicejournal worker TARGET` with this Python (demo, tests
+    and benchmarks start theirs this way); `options` are further flags (`instances=4` ->
+    `--instances 4`)."""
+    argv = [sys.executable, "-m", "slicejournal", "worker", target, "--dsn", dsn, "--schema"]
+    argv += [schema, "--worker-id", worker_id, "--lease-ttl", repr(lease_ttl)]
+    for flag, value in options.items():
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
+    return argv
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from projections.fleet.metrics import serve_metrics
     from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings

@@ -29,6 +29,7 @@ from projections import LeaseLost, OffsetConflict, Projection, ProjectionSetting
 from projections.fencing import Fence
 from projections.fleet.control import FleetControl, FleetStatus
 from projections.fleet.lease_sql import FleetSql
+from slicejournal.fleet_cli import worker_argv
 from tests import bank, fleet_app
 from tests.conftest import fast_query_settings
 from tests.pg import fetch
@@ -47,23 +48,14 @@ class Fleet:
     def start(self, worker_id: str) -> None:
         log = (self.tmp / f"{worker_id}.log").open("wb")
         self.procs[worker_id] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slicejournal.cli",
-                "worker",
+            worker_argv(
                 "tests.fleet_app:balances",
-                "--dsn",
-                self.dsn,
-                "--schema",
-                self.schema,
-                "--worker-id",
-                worker_id,
-                "--lease-ttl",
-                str(TTL),
-                "--log-level",
-                "info",
-            ],
+                dsn=self.dsn,
+                schema=self.schema,
+                worker_id=worker_id,
+                lease_ttl=TTL,
+                log_level="info",
+            ),
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -11,7 +11,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from journal import Journal, JournalSettings
 from projections.fleet.control import FleetControl
 from slicejournal.embedded import EmbeddedPostgres
+from slicejournal.fleet_cli import worker_argv
 from tests import bank, fleet_app
 from tests.conftest import fast_query_settings
 
@@ -31,23 +31,14 @@ TTL = 2.0
 
 def start_worker(dsn: str, schema: str, worker_id: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "slicejournal.cli",
-            "worker",
+        worker_argv(
             "tests.fleet_app:balances",
-            "--dsn",
-            dsn,
-            "--schema",
-            schema,
-            "--worker-id",
-            worker_id,
-            "--lease-ttl",
-            str(TTL),
-            "--log-level",
-            "info",
-        ],
+            dsn=dsn,
+            schema=schema,
+            worker_id=worker_id,
+            lease_ttl=TTL,
+            log_level="info",
+        ),
         cwd=ROOT,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
