@@ -69,7 +69,7 @@ class ProjectionManagement:
         self._sql = ManagementSql(journal.tables)
 
     async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
-        key = ALL_RANGES if slices is None else range_key(_check_range(slices))
+        key = ALL_RANGES if slices is None else range_key(check_range(slices))
         async with self._journal.pool.connection() as conn:
             await conn.execute(
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
@@ -87,7 +87,7 @@ class ProjectionManagement:
         """True if the projection as a whole, or a paused range overlapping this one, is."""
         validate_name(name)
         async with self._journal.pool.connection() as conn:
-            return await is_paused(conn, self._sql, name, _check_range(slice_range))
+            return await is_paused(conn, self._sql, name, check_range(slice_range))
 
     async def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
@@ -96,9 +96,8 @@ class ProjectionManagement:
 
         Takes effect when instances (re)start; pause or stop them first.
         """
-        if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
-            raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
-        _check_range(slices)
+        check_timestamp(timestamp)
+        check_range(slices)
         async with self._journal.pool.connection() as conn, conn.transaction():
             await OffsetDao(self._journal.tables, validate_name(name)).set_start(
                 conn, range_key(slices), slices, timestamp
@@ -109,7 +108,7 @@ class ProjectionManagement:
 
         Takes effect when instances (re)start; stop them first.
         """
-        _check_range(slices)
+        check_range(slices)
         async with self._journal.pool.connection() as conn:
             await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
 
@@ -164,10 +163,16 @@ def _check_ranges(ranges: object) -> list[SliceRange]:
         raise InvalidArgument(
             f"ranges must be a number of ranges or a sequence of SliceRange, got {ranges!r}"
         )
-    return [_check_range(r) for r in ranges]
+    return [check_range(r) for r in ranges]
 
 
-def _check_range(slices: object) -> SliceRange:
+def check_timestamp(timestamp: object) -> datetime:
+    if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
+        raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
+    return timestamp
+
+
+def check_range(slices: object) -> SliceRange:
     if not isinstance(slices, SliceRange):
         raise InvalidArgument(f"expected a SliceRange, got {type(slices).__name__}")
     return slices

@@ -44,7 +44,7 @@ from projections.fleet.worker import WorkerApp
 from projections.runner import Projection
 from projections.settings import ProjectionSettings
 from slicejournal.demo_schema import claim_demo_schema
-from slicejournal.fleet_cli import worker_argv
+from slicejournal.fleet_cli import aligned, owner_cell, worker_argv
 
 ENTITY_TYPE = "Account"
 READ_MODEL_TABLE = "balances"
@@ -255,15 +255,8 @@ def _table(status: FleetStatus) -> str:
     rows = [("range", "owner", "epoch", "lag")]
     for r in status.ranges:
         lag = "-" if r.lag is None else f"{r.lag.total_seconds() * 1000:.0f} ms"
-        owner = r.owner or "(none)"
-        if r.owner and not r.running:
-            owner += " (starting)"
-        rows.append((str(r.slice_range), owner, str(r.epoch or "-"), lag))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join(
-        "         " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+        rows.append((str(r.slice_range), owner_cell(r), str(r.epoch or "-"), lag))
+    return "\n".join(aligned(rows, indent=" " * 9))
 
 
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:

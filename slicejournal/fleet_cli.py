@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +26,7 @@ from psycopg.conninfo import make_conninfo
 from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistry, SliceRange
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
-from projections.fleet.control import FleetControl, FleetStatus, orphan_message
+from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus, orphan_message
 from projections.management import FULL_RANGE, ProjectionManagement
 
 _log = logging.getLogger("slicejournal.projections.fleet")
@@ -186,27 +186,39 @@ def _progress_line(status: FleetStatus) -> str:
             f"worker(s){old}")  # fmt: skip
 
 
+def aligned(rows: Sequence[tuple[str, ...]], indent: str = "") -> list[str]:
+    """Rows as left-aligned columns (the fleet tables of `status` and the demo)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def owner_cell(r: LeaseStatus, none: str = "(none)") -> str:
+    """Who runs a range, and whether its instance is still starting."""
+    if r.owner is None:
+        return none
+    return r.owner if r.running else f"{r.owner} (starting)"
+
+
 def format_status(status: FleetStatus) -> str:
     head = ("range", "owner", "epoch", "lag", "paused", "resume_from", "restarts", "last_error")
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for r in status.ranges:
         lag = "-" if r.lag is None else f"{r.lag.total_seconds():.1f}s"
         resume = "-" if r.resume_from is None else r.resume_from.isoformat(timespec="milliseconds")
-        owner = r.owner or f"(none for {r.unowned_for:.0f}s)"
-        if r.owner and not r.running:
-            owner += " (starting)"
+        owner = owner_cell(r, f"(none for {r.unowned_for:.0f}s)")
         # Whole (the last column, it widens no other), on one line: a handler's failure
         # reads "ProjectionError: projection NAME RANGE failed on PID seq_nr N ...: CAUSE".
         error = " ".join((r.last_error or "-").split())
         rows.append((str(r.slice_range), owner, str(r.epoch or "-"), lag,
                      "yes" if r.paused else "no", resume, str(r.restarts), error))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [
         f"projection {status.name} (entity type {status.entity_type}): {status.instances} "
         f"ranges, {len(status.workers)} live worker(s), lease TTL {status.lease_ttl:g}s"
     ]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]  # fmt: skip
+    lines += aligned(rows)
     if status.leftovers:
         lines.append("old ranges still held: " + ", ".join(map(str, status.leftovers)))
     return "\n".join(lines)

@@ -17,10 +17,16 @@ from datetime import datetime, timedelta
 
 import attrs
 
-from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
+from journal import Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.errors import JournalError
 from projections.fleet.lease_sql import FleetSql
-from projections.management import FULL_RANGE, ProjectionManagement, RangeStatus
+from projections.management import (
+    FULL_RANGE,
+    ProjectionManagement,
+    RangeStatus,
+    check_range,
+    check_timestamp,
+)
 from projections.names import range_key, validate_name
 from projections.offset_dao import OffsetDao
 
@@ -183,9 +189,7 @@ class FleetControl:
         self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
-        if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
-            raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
-        await self._rewrite(name, slices, timestamp)
+        await self._rewrite(name, slices, check_timestamp(timestamp))
 
     async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
@@ -193,8 +197,7 @@ class FleetControl:
 
     async def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
         validate_name(name)
-        if not isinstance(slices, SliceRange):
-            raise InvalidArgument(f"expected a SliceRange, got {type(slices).__name__}")
+        check_range(slices)
         dao = OffsetDao(self._journal.tables, name)
         async with self._journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.lock_fleet, (name,))

@@ -45,9 +45,7 @@ class FleetSql:
             + _EPOCH_SECONDS.format("updated_at")
             + " FROM {f} WHERE projection_name = %s"
         ).format(f=f, now=now)
-        self.lock_fleet = sql.SQL(
-            "SELECT instances, {now} FROM {f} WHERE projection_name = %s FOR UPDATE"
-        ).format(f=f, now=now)
+        self.lock_fleet = self.fleet + sql.SQL(" FOR UPDATE")
         self.scale = sql.SQL(
             "UPDATE {f} SET instances = %s, updated_at = clock_timestamp() "
             "WHERE projection_name = %s AND instances <> %s"

@@ -45,13 +45,13 @@ from projections.errors import LeaseLost
 from projections.fencing import Fence
 from projections.fleet.assignment import LeaseRow, overlaps, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
+from projections.management import FULL_RANGE
 from projections.names import validate_name
 from projections.runner import Projection
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
 Factory = Callable[[Journal, SliceRange], Projection]
-FULL_RANGE = SliceRange(0, 1023)
 
 
 @attrs.frozen
@@ -114,11 +114,6 @@ class Instance:
     lost: bool = False
     stopping: asyncio.Event = attrs.field(factory=asyncio.Event)
 
-    @property
-    def running(self) -> bool:
-        p = self.projection
-        return p is not None and p.running
-
 
 class FleetWorker:
     """Runs the ranges of one projection this worker holds, until `stop()`."""
@@ -142,7 +137,6 @@ class FleetWorker:
         self._parked: dict[SliceRange, int] = {}
         self._sql = FleetSql(journal.tables)
         self._stop = asyncio.Event()
-        self.ticks = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -240,7 +234,6 @@ class FleetWorker:
     # -- rebalance ---------------------------------------------------------------------------
 
     async def _rebalance(self) -> None:
-        self.ticks += 1
         self._reap()
         async with self.journal.pool.connection() as conn:
             async with conn.transaction():
@@ -283,7 +276,7 @@ class FleetWorker:
         if row is None:  # deleted by hand while running: register again, plan next tick
             await self._register()
             raise JournalError(f"the fleet row of {self.name} was missing; registered again")
-        instances, now = (row[0], row[1]) if lock else (row[0], row[3])
+        instances, _, _, now, _ = row
         cur = await conn.execute(self._sql.live_workers, (self.name,))
         workers = [w for (w,) in await cur.fetchall()]
         cur = await conn.execute(self._sql.leases, (self.name,))
