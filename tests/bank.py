@@ -154,6 +154,16 @@ async def projected(j: Journal) -> tuple[dict[str, int], int, int]:
         return balances, int(row[0]), int(row[1])
 
 
+async def assert_applied_exactly_once(j: Journal, *, within: float = 90.0) -> None:
+    """Every journal event applied, none twice (`applied` without a key shows doubles as
+    second rows), and balances equal to the journal's."""
+    await wait_until_projected(j, within)
+    balances, applied, distinct = await projected(j)
+    total = await journal_count(j)
+    assert (applied, distinct) == (total, total), "an event was applied twice or not at all"
+    assert balances == await expected_balances(j)
+
+
 async def wait_until_projected(j: Journal, within: float = 60.0) -> None:
     """Wait until every journal event has been applied (distinct), or time out."""
     loop = asyncio.get_running_loop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,52 +20,23 @@ import pytest
 from journal import Journal, JournalSettings
 from projections.fleet.control import FleetControl
 from slicejournal.embedded import EmbeddedPostgres
-from slicejournal.fleet_cli import worker_argv
 from tests import bank, fleet_app
 from tests.conftest import fast_query_settings
-
-ROOT = Path(__file__).resolve().parent.parent
-TTL = 2.0
+from tests.fleet_procs import TTL, Fleet
 
 
-def start_worker(dsn: str, schema: str, worker_id: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        worker_argv(
-            "tests.fleet_app:balances",
-            dsn=dsn,
-            schema=schema,
-            worker_id=worker_id,
-            lease_ttl=TTL,
-            log_level="info",
-        ),
-        cwd=ROOT,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+async def fleet_recovered(journal: Journal, fleet: Fleet) -> None:
+    """Every event applied exactly once, every range owned by one of the workers again,
+    and no worker process died."""
+    await bank.assert_applied_exactly_once(journal)
+    status = await FleetControl(journal).wait_converged(fleet_app.NAME, timeout=60)
+    assert {r.owner for r in status.ranges} <= set(fleet.procs)
+    assert fleet.alive() == list(fleet.procs), "a worker process died"
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    codes: list[int | None] = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=20))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            codes.append(None)
-    return codes
-
-
-async def exactly_once(journal: Journal) -> None:
-    await bank.wait_until_projected(journal, within=90)
-    balances, applied, distinct = await bank.projected(journal)
-    total = await bank.journal_count(journal)
-    assert (applied, distinct) == (total, total), "an event was applied twice or not at all"
-    assert balances == await bank.expected_balances(journal)
+def stopped_cleanly(fleet: Fleet) -> None:
+    codes = fleet.stop_all()
+    assert all(code == 0 for code in codes.values()), {w: fleet.log(w)[-2000:] for w in codes}
 
 
 @pytest.mark.slow
@@ -75,8 +45,10 @@ async def test_workers_survive_backends_killed_mid_batch(
     journal: Journal, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     await bank.create_read_model(journal, with_primary_key=False)
-    procs = [start_worker(pg_dsn, schema, f"w{i}", tmp_path / f"w{i}.log") for i in (1, 2)]
+    fleet = Fleet(pg_dsn, schema, tmp_path)
     try:
+        fleet.start("w1")
+        fleet.start("w2")
         writers = bank.Writers(journal, 200, late_fraction=0.05, seed=3)
         writers.start(writers=4)
         killed = 0
@@ -90,13 +62,10 @@ async def test_workers_survive_backends_killed_mid_batch(
                 killed += (await cur.fetchone() or (0,))[0]
         await writers.stop()
         assert killed > 0, "no worker connection was found to kill"
-        await exactly_once(journal)
-        status = await FleetControl(journal).wait_converged(fleet_app.NAME, timeout=60)
-        assert {r.owner for r in status.ranges} <= {"w1", "w2"}
-        assert all(p.poll() is None for p in procs), "a worker process died"
+        await fleet_recovered(journal, fleet)
+        stopped_cleanly(fleet)
     finally:
-        codes = stop(procs)
-    assert codes == [0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in (1, 2)]
+        fleet.kill_all()
 
 
 @pytest.fixture
@@ -123,8 +92,10 @@ async def test_workers_survive_a_database_restart_mid_catch_up(
         writers = bank.Writers(journal, 300, late_fraction=0.0, seed=5)
         writers.start(writers=4, max_batches=600)  # a backlog the workers are still reading
         await writers.wait()
-    procs = [start_worker(dsn, "fleet", f"w{i}", tmp_path / f"w{i}.log") for i in (1, 2)]
+    fleet = Fleet(dsn, "fleet", tmp_path)
     try:
+        fleet.start("w1")
+        fleet.start("w2")
         await asyncio.sleep(3)  # claimed and catching up
         server.stop()
         await asyncio.sleep(2 * TTL)  # down longer than a lease lasts
@@ -134,10 +105,7 @@ async def test_workers_survive_a_database_restart_mid_catch_up(
             writers.seq = {pid: await journal.highest_seq_nr(pid) for pid in writers.pids}
             writers.start(writers=4, max_batches=50)
             await writers.wait()
-            await exactly_once(journal)
-            status = await FleetControl(journal).wait_converged(fleet_app.NAME, timeout=60)
-            assert {r.owner for r in status.ranges} <= {"w1", "w2"}
-        assert all(p.poll() is None for p in procs), "a worker process died"
+            await fleet_recovered(journal, fleet)
+        stopped_cleanly(fleet)
     finally:
-        codes = stop(procs)
-    assert codes == [0, 0], [(tmp_path / f"w{i}.log").read_text()[-2000:] for i in (1, 2)]
+        fleet.kill_all()
