@@ -110,6 +110,20 @@ class EventEnvelope:
         return self.source == "heartbeat"
 
 
+def heartbeat_envelope(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
+    """An idle progress marker: everything of the range before `offset` was delivered."""
+    return EventEnvelope(
+        persistence_id="",
+        entity_type=entity_type,
+        slice=min_slice,
+        seq_nr=0,
+        db_timestamp=offset.timestamp,
+        event=None,
+        offset=offset,
+        source="heartbeat",
+    )
+
+
 @attrs.frozen
 class Snapshot:
     """The latest saved state of one persistence id."""

@@ -29,7 +29,7 @@ from psycopg import Connection
 from journal.connection import SyncJournalPool, connect_sync, ensure_schema_sync
 from journal.dsn import database
 from journal.errors import ConcurrencyError, InvalidArgument
-from journal.model import EventEnvelope, Snapshot, TimestampOffset
+from journal.model import EventEnvelope, Snapshot, TimestampOffset, heartbeat_envelope
 from journal.notifications import bucket_bit, encode_payload
 from journal.query import sql as q
 from journal.query.by_persistence_id import check_seq_range
@@ -42,7 +42,6 @@ from journal.query.by_slice import (
     Wait,
     check_slice_query,
 )
-from journal.query.reader import heartbeat_envelope
 from journal.rows import row_to_envelope
 from journal.schema import apply_schema_sync
 from journal.serialization import SerializerRegistry

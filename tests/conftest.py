@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -119,3 +120,18 @@ def settings(schema: str) -> JournalSettings:
 async def journal(pg_dsn: str, settings: JournalSettings) -> AsyncIterator[Journal]:
     async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
         yield j
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the whole run (starting one takes ~10 s)."""
+    # Executors unpickle handlers defined in `tests/`: they must find the package.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p
+    )
+    from projections.spark import local_session
+
+    session = local_session("slicejournal-tests")
+    yield session
+    session.stop()

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from journal.model import EventEnvelope, TimestampOffset
+from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.notifications import NotificationListener, wait_for_wakeup
 from journal.query import sql as q
 from journal.query.by_slice import (
@@ -151,16 +151,3 @@ class SliceReader:
             return
         if await wait_for_wakeup(sub.event, timeout):
             machine.on_notification(loop.time())
-
-
-def heartbeat_envelope(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
-    return EventEnvelope(
-        persistence_id="",
-        entity_type=entity_type,
-        slice=min_slice,
-        seq_nr=0,
-        db_timestamp=offset.timestamp,
-        event=None,
-        offset=offset,
-        source="heartbeat",
-    )

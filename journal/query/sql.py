@@ -23,7 +23,9 @@ def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
     return sql.SQL(", ").join(cols)
 
 
-_RANGE = sql.SQL("entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s")
+SLICE_RANGE = sql.SQL(
+    "entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s"
+)
 
 
 def slice_rows(
@@ -31,7 +33,7 @@ def slice_rows(
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT for one slice-range RowsQuery; the last column is the read time."""
     where: list[sql.Composable] = [
-        _RANGE,
+        SLICE_RANGE,
         sql.SQL("db_timestamp >= %(from_ts)s"),
         sql.SQL("deleted = false"),
     ]
@@ -89,7 +91,7 @@ def slice_buckets(
     `event_journal_slice_idx`, and a chunk that returns fewer rows than
     counted is simply read to its bound.
     """
-    where: list[sql.Composable] = [_RANGE, sql.SQL("db_timestamp >= %(from_ts)s")]
+    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("db_timestamp >= %(from_ts)s")]
     params: dict[str, Any] = {
         "entity_type": entity_type,
         "min_slice": min_slice,

@@ -238,5 +238,16 @@ def plan(
     )
 
 
+def claim_check(
+    rows: Iterable[LeaseRow], r: SliceRange, me: str, now: float
+) -> tuple[list[LeaseRow], list[SliceRange]]:
+    """Claiming `r` over the lease rows that overlap it (locked): the live leases of other
+    owners that block the claim, and the free rows of other splits to delete first."""
+    rows = list(rows)
+    blockers = [row for row in rows if row.live(now) and row.owner != me]
+    stale = [row.slice_range for row in rows if row.slice_range != r]
+    return blockers, stale
+
+
 def _precedence(row: LeaseRow, now: float) -> tuple[bool, int, str]:
     return (row.live(now), row.epoch, row.owner or "")

@@ -46,6 +46,10 @@ class FleetSql:
             + " FROM {f} WHERE projection_name = %s"
         ).format(f=f, now=now)
         self.lock_fleet = self.fleet + sql.SQL(" FOR UPDATE")
+        # Every claim of the projection's leases, by fleet workers or by a Spark
+        # runner (which may have no fleet row to lock), takes this lock first.
+        self.lock_claims = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))")
+        self._claims_prefix = f"slicejournal claims {tables.lease.as_string()} "
         self.scale = sql.SQL(
             "UPDATE {f} SET instances = %s, updated_at = clock_timestamp() "
             "WHERE projection_name = %s AND instances <> %s"
@@ -128,6 +132,9 @@ class FleetSql:
             "AND (owner IS NULL OR expires_at <= clock_timestamp()) "
             "AND (max_slice - min_slice + 1) <> 1024 / %s FOR UPDATE SKIP LOCKED)"
         ).format(l=lease)
+
+    def claims_key(self, name: str) -> tuple[str]:
+        return (self._claims_prefix + name,)
 
     def claim_params(self, name: str, r: SliceRange, me: str, ttl_ms: int) -> dict[str, Any]:
         return {

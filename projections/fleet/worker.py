@@ -43,7 +43,7 @@ from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
 from projections.errors import LeaseLost
 from projections.fencing import Fence
-from projections.fleet.assignment import LeaseRow, overlaps, plan
+from projections.fleet.assignment import LeaseRow, claim_check, overlaps, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
 from projections.management import FULL_RANGE
 from projections.names import validate_name
@@ -300,6 +300,7 @@ class FleetWorker:
         try:
             async with conn.transaction():
                 await conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+                await conn.execute(self._sql.lock_claims, self._sql.claims_key(self.name))
                 instances, now, workers, leases = await self._read(conn, lock=True)
                 decided = plan(self.me, slice_ranges(instances), workers, leases, now)
                 wanted = [*decided.claim, *decided.waiting, *decided.keep]
@@ -327,12 +328,11 @@ class FleetWorker:
         rows = lease_rows(await cur.fetchall())
         cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
         now = (await cur.fetchone() or (0.0,))[0]
-        if any(row.live(now) and row.owner != self.me for row in rows):
+        blockers, stale = claim_check(rows, r, self.me, now)
+        if blockers:
             return None  # taken meanwhile
-        for row in rows:
-            if row.slice_range != r:  # a free row of another split: gone for good
-                lo, hi = row.slice_range.min_slice, row.slice_range.max_slice
-                await conn.execute(self._sql.delete_lease, (self.name, lo, hi))
+        for free in stale:  # a free row of another split: gone for good
+            await conn.execute(self._sql.delete_lease, (self.name, free.min_slice, free.max_slice))
         params = self._sql.claim_params(self.name, r, self.me, self.settings.ttl_ms)
         cur = await conn.execute(self._sql.claim, params)
         claimed = await cur.fetchone()

@@ -1,0 +1,155 @@
+"""Spark holds a projection's slices through the fleet's leases, like one more worker.
+
+Only one runner may apply a slice at a time. A Spark projection (or rebuild)
+claims one lease per partition range under its own owner id, in the same
+tables, under the same claim lock, by the same rule as fleet workers (a range
+is claimable only when no other owner's live lease shares a slice with it),
+and every partition transaction on the executors is fenced by its range's
+lease. So a fleet that is running keeps Spark out (`ProjectionBusy`, naming
+the holders), a fleet started while Spark runs waits for Spark's leases, and
+a Spark driver that dies stops blocking anyone once its leases expire.
+
+The driver renews the leases from a daemon thread every TTL / 3 while the
+streaming query is active and releases them when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from psycopg import Connection
+
+from journal.connection import connect_sync
+from journal.errors import JournalError
+from journal.settings import JournalSettings
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.fencing import Fence
+from projections.fleet.assignment import claim_check
+from projections.fleet.lease_sql import FleetSql, lease_rows
+
+_log = logging.getLogger("slicejournal.projections.spark")
+
+DEFAULT_LEASE_TTL = timedelta(seconds=30)
+
+
+class ProjectionBusy(JournalError):
+    """Another runner (fleet workers, another Spark job) holds slices of the projection."""
+
+
+def spark_owner(kind: str = "spark") -> str:
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}"
+
+
+class SparkLeases:
+    """The leases one Spark driver holds for one projection, one per partition range."""
+
+    def __init__(
+        self,
+        dsn: str,
+        settings: JournalSettings,
+        name: str,
+        ranges: Sequence[SliceRange],
+        *,
+        owner: str,
+        ttl: timedelta = DEFAULT_LEASE_TTL,
+    ) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.name = name
+        self.ranges = tuple(ranges)
+        self.owner = owner
+        self.ttl_ms = max(1, int(ttl.total_seconds() * 1000))
+        self.fences: tuple[Fence, ...] = ()
+        self._sql = FleetSql(Tables(settings))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _connect(self) -> contextlib.closing[Connection[Any]]:
+        timeout = self.settings.connect_timeout_seconds
+        return contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout))
+
+    def acquire(self) -> tuple[Fence, ...]:
+        """Claim every range, all or nothing; `ProjectionBusy` if another owner holds a slice."""
+        s = self._sql
+        fences = []
+        with self._connect() as conn, conn.transaction():
+            conn.execute(s.lock_claims, s.claims_key(self.name))
+            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            now = float(row[0]) if row else 0.0
+            for r in self.ranges:
+                rows = conn.execute(s.lock_overlapping, (self.name, r.max_slice, r.min_slice))
+                blockers, stale = claim_check(lease_rows(rows.fetchall()), r, self.owner, now)
+                if blockers:
+                    held = ", ".join(sorted({f"{b.slice_range} by {b.owner}" for b in blockers}))
+                    raise ProjectionBusy(
+                        f"projection {self.name!r} is running elsewhere ({held}); stop those "
+                        "workers (SIGTERM releases their leases) or wait until their leases "
+                        "expire, then start it on Spark"
+                    )
+                for free in stale:
+                    conn.execute(s.delete_lease, (self.name, free.min_slice, free.max_slice))
+                params = s.claim_params(self.name, r, self.owner, self.ttl_ms)
+                claimed = conn.execute(s.claim, params).fetchone()
+                assert claimed is not None  # an upsert always returns its row
+                fences.append(Fence(self.name, r, self.owner, int(claimed[0]), self.ttl_ms))
+        self.fences = tuple(fences)
+        _log.info("spark owner %s holds %s in %d range(s)", self.owner, self.name, len(fences))
+        return self.fences
+
+    def renew(self) -> bool:
+        """Extend every lease; False if any was lost (taken over after expiring)."""
+        epochs = [f.epoch for f in self.fences]
+        with self._connect() as conn:
+            renewed = conn.execute(
+                self._sql.renew, (self.ttl_ms, self.name, self.owner, epochs)
+            ).fetchall()
+        return len(renewed) == len(epochs)
+
+    def release(self) -> None:
+        """Give every lease back (idempotent); runners waiting for them may claim at once."""
+        self._stop.set()
+        if not self.fences:
+            return
+        with self._connect() as conn, conn.transaction():
+            for f in self.fences:
+                conn.execute(self._sql.release, (self.name, self.owner, f.epoch))
+        self.fences = ()
+        _log.info("spark owner %s released %s", self.owner, self.name)
+
+    def keep_alive(self, active: Callable[[], bool], on_lost: Callable[[], None]) -> None:
+        """Renew every TTL / 3 while `active()`; release when it turns false. A lease that
+        could not be renewed calls `on_lost` (the query is stopped: its fenced
+        transactions would fail anyway)."""
+
+        def loop() -> None:
+            interval = self.ttl_ms / 3000
+            try:
+                while not self._stop.wait(interval):
+                    if not active():
+                        break
+                    try:
+                        if not self.renew():
+                            _log.error("spark owner %s lost a lease of %s", self.owner, self.name)
+                            on_lost()
+                            break
+                    except Exception as error:  # the database is away: retry next tick
+                        _log.warning("renewing the leases of %s failed: %s", self.name, error)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.release()
+
+        self._thread = threading.Thread(target=loop, name=f"slicejournal leases {self.name}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,196 @@
+"""The data source's options, parsed and checked before Spark plans anything.
+
+Spark hands a Python data source its options as strings in a case-insensitive
+map (`dict(options)` has lowercased keys), and it builds the source on the
+driver when `load()` is called. Parsing everything there, into one frozen
+value that pickles, means a bad option is one clear error at `load()` — never
+a task failure minutes into a job — and every reader (the driver's and the
+executors') works from the same checked values. Pure: no Spark, no psycopg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+import attrs
+
+from journal.errors import InvalidArgument
+from journal.settings import JournalSettings, QuerySettings
+from journal.slices import SliceRange, validate_entity_type
+
+_DEFAULT_QUERY = QuerySettings()
+DEFAULT_PARTITIONS = 4
+# How far behind a stream offset rows may still commit late and are re-read: the
+# slice query's backtracking window plus its lag, as the in-process runners use.
+DEFAULT_WINDOW = (
+    _DEFAULT_QUERY.backtracking.window + _DEFAULT_QUERY.backtracking.behind_current_time
+)
+# Rows per Arrow batch a partition reader yields (and fetches per round trip).
+DEFAULT_BATCH_ROWS = 10_000
+
+# Spark lowercases option keys; these are the spellings users write (and the docs show).
+OPTIONS = (
+    "dsn",
+    "schema",
+    "journalTable",
+    "entityType",
+    "minSlice",
+    "maxSlice",
+    "numPartitions",
+    "fromTimestamp",
+    "toTimestamp",
+    "maxEventsPerTrigger",
+    "behindCurrentTime",
+    "backtrackingWindow",
+    "startingTimestamp",
+    "batchRows",
+)
+_BY_LOWER = {name.lower(): name for name in OPTIONS}
+
+
+class SourceOptionError(InvalidArgument):
+    """A `slicejournal` data source option is missing or invalid (raised at `load()`)."""
+
+
+@attrs.frozen
+class SourceOptions:
+    """Everything a reader needs, checked; travels to executors inside each partition."""
+
+    dsn: str
+    settings: JournalSettings
+    entity_type: str
+    slice_range: SliceRange
+    num_partitions: int = DEFAULT_PARTITIONS
+    from_timestamp: datetime | None = None
+    to_timestamp: datetime | None = None
+    max_events_per_trigger: int | None = None
+    behind_current_time: timedelta = _DEFAULT_QUERY.behind_current_time
+    backtracking_window: timedelta = DEFAULT_WINDOW
+    starting_timestamp: datetime | None = None
+    batch_rows: int = DEFAULT_BATCH_ROWS
+
+    def partition_ranges(self) -> list[SliceRange]:
+        """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
+        lies in exactly one), as even as the count allows."""
+        return split_range(self.slice_range, self.num_partitions)
+
+
+def split_range(r: SliceRange, parts: int) -> list[SliceRange]:
+    """`r` in `parts` contiguous, non-empty sub-ranges (fewer if `r` has fewer slices)."""
+    parts = min(parts, len(r))
+    size, extra = divmod(len(r), parts)
+    out = []
+    lo = r.min_slice
+    for i in range(parts):
+        hi = lo + size + (1 if i < extra else 0) - 1
+        out.append(SliceRange(lo, hi))
+        lo = hi + 1
+    return out
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Check the raw options (any key case) and build `SourceOptions`, or raise
+    `SourceOptionError` naming the option."""
+    raw: dict[str, str] = {}
+    for key, value in options.items():
+        name = _BY_LOWER.get(str(key).lower())
+        if name is None:
+            known = ", ".join(OPTIONS)
+            raise SourceOptionError(f"slicejournal source: unknown option {key!r} (known: {known})")
+        raw[name] = str(value)
+    for required in ("dsn", "entityType"):
+        if not raw.get(required):
+            raise SourceOptionError(f"slicejournal source: option {required!r} is required")
+    try:
+        settings = JournalSettings(
+            schema=raw.get("schema", "public"),
+            journal_table=raw.get("journalTable", "event_journal"),
+        )
+    except ValueError as error:
+        raise SourceOptionError(f"slicejournal source: {error}") from None
+    try:
+        entity_type = validate_entity_type(raw["entityType"])
+    except ValueError as error:
+        raise SourceOptionError(f"slicejournal source: option 'entityType': {error}") from None
+    lo = _int(raw, "minSlice", 0)
+    hi = _int(raw, "maxSlice", 1023)
+    try:
+        slice_range = SliceRange(lo, hi)
+    except ValueError as error:
+        raise SourceOptionError(f"slicejournal source: minSlice/maxSlice: {error}") from None
+    from_ts = _timestamp(raw, "fromTimestamp")
+    to_ts = _timestamp(raw, "toTimestamp")
+    if from_ts is not None and to_ts is not None and from_ts > to_ts:
+        raise SourceOptionError(
+            f"slicejournal source: fromTimestamp {from_ts.isoformat()} is after "
+            f"toTimestamp {to_ts.isoformat()}"
+        )
+    max_events = _int(raw, "maxEventsPerTrigger", 0) or None
+    behind = _seconds(raw, "behindCurrentTime", _DEFAULT_QUERY.behind_current_time)
+    window = _seconds(raw, "backtrackingWindow", DEFAULT_WINDOW)
+    return SourceOptions(
+        dsn=raw["dsn"],
+        settings=settings,
+        entity_type=entity_type,
+        slice_range=slice_range,
+        num_partitions=_int(raw, "numPartitions", DEFAULT_PARTITIONS),
+        from_timestamp=from_ts,
+        to_timestamp=to_ts,
+        max_events_per_trigger=max_events,
+        behind_current_time=behind,
+        backtracking_window=window,
+        starting_timestamp=_timestamp(raw, "startingTimestamp"),
+        batch_rows=_int(raw, "batchRows", DEFAULT_BATCH_ROWS),
+    )
+
+
+def _int(raw: Mapping[str, str], name: str, default: int) -> int:
+    if name not in raw:
+        return default
+    text = raw[name].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise SourceOptionError(
+            f"slicejournal source: option {name!r} must be an integer, got {text!r}"
+        ) from None
+    if name not in ("minSlice", "maxSlice") and value < 1:
+        raise SourceOptionError(f"slicejournal source: option {name!r} must be >= 1, got {value}")
+    return value
+
+
+def _timestamp(raw: Mapping[str, str], name: str) -> datetime | None:
+    if name not in raw:
+        return None
+    return parse_timestamp(raw[name], f"option {name!r}")
+
+
+def parse_timestamp(text: str, what: str) -> datetime:
+    """An ISO 8601 timestamp with a UTC offset (a naive one is ambiguous: refused)."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SourceOptionError(
+            f"slicejournal source: {what} must be an ISO 8601 timestamp, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise SourceOptionError(
+            f"slicejournal source: {what} needs a UTC offset (e.g. '+00:00'), got {text!r}"
+        )
+    return value.astimezone(UTC)
+
+
+def _seconds(raw: Mapping[str, str], name: str, default: timedelta) -> timedelta:
+    if name not in raw:
+        return default
+    text = raw[name].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses NaN
+        raise SourceOptionError(
+            f"slicejournal source: option {name!r} must be seconds >= 0, got {text!r}"
+        )
+    return timedelta(seconds=value)

@@ -1,0 +1,393 @@
+"""Run a projection on Spark: `project` (streaming, exactly once) and `rebuild` (batch).
+
+Both are driver-side orchestration around the pieces that do the work: the
+source (`source.py`), the sink (`sink.py`, on executors), the leases
+(`leases.py`). The offset store in PostgreSQL is the truth and a Spark
+checkpoint only a cache: without a checkpoint, `project` starts where the
+offset store says (the earliest of the range's slices' latest rows, minus the
+backtracking window, exactly as the in-process runners start), and whatever
+runs the projection next — in-process, the fleet, or Spark again — starts from
+the offset rows Spark stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+from psycopg import Connection, sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from journal.connection import connect_sync, schema_errors
+from journal.errors import InvalidArgument
+from journal.serialization import SerializerRegistry
+from journal.settings import JournalSettings
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.management import FULL_RANGE, check_timestamp
+from projections.names import check_instance, range_key, validate_name
+from projections.offset_dao import SyncOffsetDao
+from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
+from projections.settings import ProjectionSettings
+from projections.spark.leases import DEFAULT_LEASE_TTL, SparkLeases, spark_owner
+from projections.spark.options import DEFAULT_PARTITIONS, parse_options, split_range
+from projections.spark.register import register
+from projections.spark.sink import SUMMARY_DDL, PartitionSink, SparkHandler
+
+_log = logging.getLogger("slicejournal.projections.spark")
+
+# The handler sees groups of this many envelopes (all of a partition's micro-batch
+# still commit in one transaction).
+SPARK_GROUP = 1000
+_TRIGGERS = ("processingTime", "once", "availableNow")
+_STAGING_COMMENT = "slicejournal rebuild staging for projection "
+
+
+def _connect(dsn: str, settings: JournalSettings) -> contextlib.closing[Connection[Any]]:
+    timeout = settings.connect_timeout_seconds
+    return contextlib.closing(connect_sync(dsn, connect_timeout=timeout))
+
+
+def _check_common(
+    name: object,
+    entity_type: object,
+    slice_range: object,
+    handler: object,
+    num_partitions: object,
+    spark: object,
+) -> None:
+    check_instance(name, entity_type, slice_range, handler)
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
+        raise InvalidArgument(f"num_partitions must be an int, got {num_partitions!r}")
+    if num_partitions < 1:
+        raise InvalidArgument(f"num_partitions must be >= 1, got {num_partitions}")
+    if not isinstance(spark, SparkSession):
+        raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
+
+
+def _source_options(
+    dsn: str,
+    settings: JournalSettings,
+    entity_type: str,
+    slice_range: SliceRange,
+    num_partitions: int,
+    **extra: object,
+) -> dict[str, str]:
+    options = {
+        "dsn": dsn,
+        "schema": settings.schema,
+        "journalTable": settings.journal_table,
+        "entityType": entity_type,
+        "minSlice": str(slice_range.min_slice),
+        "maxSlice": str(slice_range.max_slice),
+        "numPartitions": str(num_partitions),
+    }
+    options |= {k: str(v) for k, v in extra.items() if v is not None}
+    parse_options(options)  # a bad value fails here, before any lease is taken
+    return options
+
+
+def _sink(
+    dsn: str,
+    settings: JournalSettings,
+    offset_name: str,
+    entity_type: str,
+    ranges: Sequence[SliceRange],
+    handler: SparkHandler,
+    projection_settings: ProjectionSettings | None,
+    serializers: Callable[[], SerializerRegistry] | None,
+    **extra: Any,
+) -> PartitionSink:
+    return PartitionSink(
+        dsn=dsn,
+        settings=settings,
+        offset_name=offset_name,
+        entity_type=entity_type,
+        ranges=tuple(ranges),
+        handler=handler,
+        projection_settings=projection_settings
+        or ProjectionSettings(group_after_envelopes=SPARK_GROUP),
+        registry=serializers or SerializerRegistry,
+        **extra,
+    )
+
+
+def _apply(df: DataFrame, sink: PartitionSink) -> dict[str, int]:
+    totals = {"accepted": 0, "duplicates": 0, "gaps_filled": 0}
+    for row in df.mapInArrow(sink, SUMMARY_DDL).collect():
+        for key in totals:
+            totals[key] += int(row[key])
+    return totals
+
+
+def store_start(
+    dsn: str, settings: JournalSettings, name: str, slice_range: SliceRange
+) -> datetime | None:
+    """Where the offset store says a run over `slice_range` resumes (None: the start)."""
+    dao = SyncOffsetDao(Tables(settings), name)
+    with _connect(dsn, settings) as conn, schema_errors(Tables(settings)):
+        records = dao.load(conn, slice_range)
+    offset = OffsetState(ProjectionSettings().time_window, records).start_offset(slice_range)
+    return None if offset is None else offset.timestamp
+
+
+def project(
+    spark: SparkSession,
+    *,
+    dsn: str,
+    name: str,
+    entity_type: str,
+    handler: SparkHandler,
+    checkpoint_location: str,
+    trigger: Mapping[str, Any] | None = None,
+    settings: JournalSettings | None = None,
+    projection_settings: ProjectionSettings | None = None,
+    slice_range: SliceRange = FULL_RANGE,
+    num_partitions: int = DEFAULT_PARTITIONS,
+    max_events_per_trigger: int | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    serializers: Callable[[], SerializerRegistry] | None = None,
+    query_name: str | None = None,
+) -> StreamingQuery:
+    """Run projection `name` on Spark, exactly once, and return the running `StreamingQuery`.
+
+    `handler(conn, envelopes)` is called on executors with a sync psycopg
+    connection and a list of accepted envelopes in (pid, seq_nr) order — the
+    grouped handler's contract; its writes, the offset rows and the lease check
+    commit in one transaction per partition and micro-batch. `trigger` takes
+    the keyword of `DataStreamWriter.trigger` (default `{"processingTime":
+    "1 second"}`; `{"availableNow": True}` for a backfill that stops).
+    `serializers` is a zero-argument factory of the `SerializerRegistry` that
+    decodes typed events (it runs on every executor).
+
+    Raises `ProjectionBusy` if fleet workers (or another Spark job) hold slices
+    of the range; the leases are released when the query ends.
+    """
+    _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
+    trigger = _check_trigger(trigger)
+    if not isinstance(checkpoint_location, str) or not checkpoint_location:
+        raise InvalidArgument("checkpoint_location must be a non-empty path")
+    settings = settings or JournalSettings()
+    ranges = split_range(slice_range, num_partitions)
+    start = store_start(dsn, settings, name, slice_range)
+    options = _source_options(
+        dsn, settings, entity_type, slice_range, num_partitions,
+        maxEventsPerTrigger=max_events_per_trigger,
+        startingTimestamp=None if start is None else start.isoformat(),
+    )  # fmt: skip
+    sink = _sink(
+        dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
+    )
+    register(spark)
+    leases = SparkLeases(dsn, settings, name, ranges, owner=spark_owner(), ttl=lease_ttl)
+    sink = attrs.evolve(sink, fences=leases.acquire())
+
+    def batch(df: DataFrame, batch_id: int) -> None:
+        totals = _apply(df, sink)
+        _log.info("projection %s batch %d on spark: %s", name, batch_id, totals)
+
+    try:
+        stream = spark.readStream.format("slicejournal").options(**options).load()
+        writer = (
+            stream.writeStream.foreachBatch(batch)
+            .option("checkpointLocation", checkpoint_location)
+            .trigger(**trigger)
+        )
+        if query_name is not None:
+            writer = writer.queryName(query_name)
+        query = writer.start()
+    except BaseException:
+        leases.release()
+        raise
+    leases.keep_alive(lambda: query.isActive, query.stop)
+    _log.info("projection %s runs on spark from %s", name, start or "the start")
+    return query
+
+
+def _check_trigger(trigger: Mapping[str, Any] | None) -> dict[str, Any]:
+    if trigger is None:
+        return {"processingTime": "1 second"}
+    if (
+        not isinstance(trigger, Mapping)
+        or len(trigger) != 1
+        or next(iter(trigger)) not in _TRIGGERS
+    ):
+        raise InvalidArgument(
+            f"trigger must be one of {{'processingTime': '5 seconds'}}, {{'once': True}}, "
+            f"{{'availableNow': True}}; got {trigger!r}"
+        )
+    return dict(trigger)
+
+
+# -- rebuild -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RebuildResult:
+    """What a rebuild did: events applied, up to which timestamp, into which tables."""
+
+    events: int
+    up_to: datetime
+    tables: tuple[str, ...]
+
+
+def rebuild(
+    spark: SparkSession,
+    *,
+    dsn: str,
+    name: str,
+    entity_type: str,
+    handler: SparkHandler,
+    tables: Sequence[str],
+    up_to: datetime | None = None,
+    settings: JournalSettings | None = None,
+    projection_settings: ProjectionSettings | None = None,
+    slice_range: SliceRange = FULL_RANGE,
+    num_partitions: int = DEFAULT_PARTITIONS,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    serializers: Callable[[], SerializerRegistry] | None = None,
+) -> RebuildResult:
+    """Rebuild read model `tables` from the journal on Spark, then swap them in atomically.
+
+    The handler runs against empty copies of `tables` in a staging schema
+    (put first on its `search_path`: it must name them unqualified), over every
+    event up to `up_to` (default: the database time at the start). One
+    transaction then replaces the rows of `tables` with the copies and the
+    projection's offsets with the rebuild's (plus a progress marker at `up_to`
+    for every slice), so the live projection continues right after it. The
+    projection must not be running meanwhile (`ProjectionBusy` otherwise).
+    Rows of `tables` are replaced: passing them is the permission to do so.
+    """
+    _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
+    if isinstance(tables, str) or not tables or not all(isinstance(t, str) for t in tables):
+        raise InvalidArgument("tables must be a non-empty list of table names")
+    settings = settings or JournalSettings()
+    ranges = split_range(slice_range, num_partitions)
+    staging = _staging_schema(settings, name)
+    with _connect(dsn, settings) as conn:
+        targets = _resolve_tables(conn, tables)
+        if up_to is None:
+            row = conn.execute("SELECT transaction_timestamp()").fetchone()
+            assert row is not None
+            up_to = row[0]
+    up_to = check_timestamp(up_to)
+    options = _source_options(
+        dsn, settings, entity_type, slice_range, num_partitions, toTimestamp=up_to.isoformat()
+    )
+    stage_name = f"{name} (rebuild staging)"
+    validate_name(stage_name)
+    sink = _sink(
+        dsn, settings, stage_name, entity_type, ranges, handler, projection_settings,
+        serializers, search_path=staging, transaction_per_batch=True,
+    )  # fmt: skip
+    register(spark)
+    leases = SparkLeases(
+        dsn, settings, name, ranges, owner=spark_owner("spark-rebuild"), ttl=lease_ttl
+    )
+    leases.acquire()
+    try:
+        leases.keep_alive(lambda: True, lambda: None)
+        with _connect(dsn, settings) as conn, conn.transaction():
+            _create_staging(conn, staging, name, targets)
+            dao = SyncOffsetDao(Tables(settings), stage_name)
+            conn.execute(dao.sql.clear(slice_range).query, dao.sql.clear(slice_range).params)
+        df = spark.read.format("slicejournal").options(**options).load()
+        totals = _apply(df, sink)
+        with _connect(dsn, settings) as conn, conn.transaction():
+            _swap(conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to)
+    finally:
+        leases.release()
+    _log.info("projection %s rebuilt on spark up to %s: %s", name, up_to, totals)
+    return RebuildResult(totals["accepted"], up_to, tuple(".".join(t) for t in targets))
+
+
+def _staging_schema(settings: JournalSettings, name: str) -> str:
+    digest = hashlib.sha1(f"{settings.schema}\x00{name}".encode()).hexdigest()[:12]
+    return f"slicejournal_rebuild_{digest}"
+
+
+def _resolve_tables(conn: Connection[Any], tables: Sequence[str]) -> list[tuple[str, str]]:
+    """(schema, table) of each name as the session resolves it; unknown: `InvalidArgument`."""
+    out: list[tuple[str, str]] = []
+    for t in tables:
+        row = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(%s) AND c.relkind IN ('r', 'p')",
+            (t,),
+        ).fetchone()
+        if row is None:
+            raise InvalidArgument(f"rebuild: no table {t!r}")
+        if any(row[1] == known for _, known in out):
+            raise InvalidArgument(f"rebuild: two tables named {row[1]!r}")
+        out.append((row[0], row[1]))
+    return out
+
+
+def _create_staging(
+    conn: Connection[Any], staging: str, name: str, targets: Sequence[tuple[str, str]]
+) -> None:
+    """Empty copies of the targets in a schema of ours (one a crashed rebuild left is
+    recognised by its comment and replaced; any other schema of that name is refused)."""
+    row = conn.execute(
+        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+        (staging,),
+    ).fetchone()
+    if row is not None:
+        if row[0] != _STAGING_COMMENT + name:
+            raise InvalidArgument(f"rebuild: schema {staging!r} exists and is not ours")
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(staging)))
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(staging)))
+    conn.execute(
+        sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+            sql.Identifier(staging), sql.Literal(_STAGING_COMMENT + name)
+        )
+    )
+    for schema, table in targets:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                sql.Identifier(staging, table), sql.Identifier(schema, table)
+            )
+        )
+
+
+def _swap(
+    conn: Connection[Any],
+    settings: JournalSettings,
+    leases: SparkLeases,
+    name: str,
+    stage_name: str,
+    slice_range: SliceRange,
+    staging: str,
+    targets: Sequence[tuple[str, str]],
+    up_to: datetime,
+) -> None:
+    """One transaction: the read model, the offsets and the markers at `up_to`, or nothing."""
+    t = Tables(settings)
+    for fence in leases.fences:  # still ours, and nobody may take them until we commit
+        conn.execute(*fence.statement(t))
+    for schema, table in targets:
+        live, copy = sql.Identifier(schema, table), sql.Identifier(staging, table)
+        conn.execute(sql.SQL("DELETE FROM {}").format(live))
+        conn.execute(
+            sql.SQL("INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM {}").format(live, copy)
+        )
+    dao = SyncOffsetDao(t, name)
+    clear = dao.sql.clear(slice_range)
+    conn.execute(clear.query, clear.params)
+    conn.execute(
+        sql.SQL("UPDATE {} SET projection_name = %s WHERE projection_name = %s").format(
+            t.offset_store
+        ),
+        (name, stage_name),
+    )
+    markers = [Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, up_to) for s in slice_range]
+    for r in {f.slice_range for f in leases.fences}:
+        dao.save(conn, range_key(r), [m for m in markers if m.slice in r])
+    conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(staging)))

@@ -1,0 +1,53 @@
+"""Registering the data source with a session, and a local session for the embedded case.
+
+Spark refuses a Python reader that implements `pushFilters` unless the session
+enables `spark.sql.python.filterPushdown.enabled`, so `register` looks at that
+setting and registers the variant that fits: with it, equality on
+persistence_id / entity_type and ranges on slice / db_timestamp are evaluated
+by PostgreSQL; without it, Spark filters the rows itself. Either way the
+results are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from projections.spark.source import FilteringJournalDataSource, JournalDataSource
+
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register(spark: SparkSession) -> None:
+    """Register the `slicejournal` data source with `spark` (again after changing
+    `spark.sql.python.filterPushdown.enabled`)."""
+    pushdown = (spark.conf.get(PUSHDOWN_CONF, "false") or "false").lower() == "true"
+    spark.dataSource.register(FilteringJournalDataSource if pushdown else JournalDataSource)
+
+
+def local_session(app_name: str = "slicejournal", *, cores: int = 2) -> SparkSession:
+    """A local-mode session (`local[cores]`) whose Python workers run this interpreter,
+    with the data source registered: what the demo, the tests and the benchmark use."""
+    # Executors must import this package: locally they are this Python, on a cluster
+    # the package is installed on the workers (or shipped with spark.submit.pyFiles).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Local mode talks to itself only: over loopback, whatever the host's interfaces.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

@@ -1,0 +1,238 @@
+"""The exactly-once projection sink: one Spark partition of a micro-batch, one transaction.
+
+Runs on executors, synchronously. It drives the same `ProjectionCore` as the
+in-process runners (validation against the offset store, gap fills, grouped
+commits), over the same offset rows built by the same `OffsetSql`, so a
+projection can move between Spark and the in-process or fleet runners and each
+resumes exactly where the other stopped.
+
+Per partition and micro-batch: load the partition's offset rows, offer every
+envelope in (pid, seq_nr) order, hand the accepted ones to the user's
+`handler(conn, envelopes)` in groups of `group_after_envelopes`, store their
+offset rows and the progress markers — all in one transaction, fenced by the
+partition's lease. A replayed batch (a task retried, a query restarted from
+its checkpoint) finds its events in the offset store and applies nothing
+twice; rows that became visible only at the replay are new and applied.
+
+A rebuild runs the same sink with a transaction per Arrow batch (its target
+is a staging copy, swapped in atomically at the end), with `search_path`
+pointing at the staging schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+import attrs
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import Connection, sql
+
+from journal.connection import connect_sync
+from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
+from journal.query import sql as journal_sql
+from journal.rows import row_to_envelope
+from journal.serialization import SerializerRegistry
+from journal.settings import JournalSettings
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.core import (
+    Action,
+    Commit,
+    LoadPayload,
+    MissingEvents,
+    Mode,
+    PreviousTimestamp,
+    ProjectionCore,
+    SaveOffsets,
+)
+from projections.errors import ProjectionError
+from projections.fencing import Fence, offset_error
+from projections.names import range_key
+from projections.offset_dao import SyncOffsetDao
+from projections.settings import ProjectionSettings
+from projections.spark.arrow import envelopes
+
+_log = logging.getLogger("slicejournal.projections.spark")
+
+SparkHandler = Callable[[Connection[Any], list[EventEnvelope]], None]
+SUMMARY_DDL = "slice_range string, accepted long, duplicates long, gaps_filled long"
+_SUMMARY = pa.schema(
+    [
+        ("slice_range", pa.string()),
+        ("accepted", pa.int64()),
+        ("duplicates", pa.int64()),
+        ("gaps_filled", pa.int64()),
+    ]
+)
+
+
+def _default_registry() -> SerializerRegistry:
+    return SerializerRegistry()
+
+
+@attrs.frozen
+class PartitionSink:
+    """What every executor needs to apply its partitions; pickled into the Spark job.
+
+    `offset_name` is the projection name the offset rows are stored under (a
+    rebuild stores under a staging name); `fences` holds one lease per
+    partition range; `search_path` (a rebuild's staging schema) is put in
+    front of the session's for the handler.
+    """
+
+    dsn: str
+    settings: JournalSettings
+    offset_name: str
+    entity_type: str
+    ranges: tuple[SliceRange, ...]
+    handler: SparkHandler
+    projection_settings: ProjectionSettings
+    fences: tuple[Fence, ...] = ()
+    registry: Callable[[], SerializerRegistry] = _default_registry
+    search_path: str | None = None
+    transaction_per_batch: bool = False
+
+    def range_of(self, batch: pa.RecordBatch) -> SliceRange:
+        """The partition range every row of `batch` belongs to (one Spark partition is one
+        source partition; anything else means the plan was reshuffled, which we refuse)."""
+        slices = batch.column("slice")
+        lo, hi = pc.min(slices).as_py(), pc.max(slices).as_py()
+        for r in self.ranges:
+            if lo in r and hi in r:
+                return r
+        raise ProjectionError(
+            f"projection {self.offset_name}: a Spark partition holds slices {lo}..{hi}, which "
+            "span several source partitions; apply the sink to the source's partitions as read"
+        )
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """`mapInArrow` function: apply one partition, yield one summary row."""
+        it = (b for b in batches if b.num_rows)
+        first = next(it, None)
+        if first is None:
+            return
+        r = self.range_of(first)
+        fence = next((f for f in self.fences if f.slice_range == r), None)
+        run = _PartitionRun(self, r, fence)
+        timeout = self.settings.connect_timeout_seconds
+        with contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout)) as conn:
+            run.start(conn)
+            chunks = (
+                ([first], *([b] for b in it)) if self.transaction_per_batch else ([first, *it],)
+            )
+            for chunk in chunks:
+                run.apply(conn, chunk)
+        stats = run.core.stats
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "slice_range": str(r),
+                    "accepted": stats.accepted,
+                    "duplicates": stats.duplicates,
+                    "gaps_filled": stats.gaps_filled,
+                }
+            ],
+            schema=_SUMMARY,
+        )
+
+
+class _PartitionRun:
+    """The sync driver of one partition's `ProjectionCore`."""
+
+    def __init__(self, sink: PartitionSink, r: SliceRange, fence: Fence | None) -> None:
+        self.sink = sink
+        self.range = r
+        self.key = range_key(r)
+        self.fence = fence
+        self.tables = Tables(sink.settings)
+        self.registry = sink.registry()
+        self.dao = SyncOffsetDao(self.tables, sink.offset_name)
+        self.where = f"{sink.offset_name} {self.key} (spark)"
+        self.core = ProjectionCore(
+            Mode.GROUPED, sink.projection_settings, r, where=self.where, log=_log
+        )
+
+    def start(self, conn: Connection[Any]) -> None:
+        self.core.start(self.dao.load(conn, self.range))
+
+    def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
+        """Everything of `batches` in one transaction: handler writes, offset rows, markers."""
+        for batch in batches:
+            if self.sink.range_of(batch) != self.range:
+                raise ProjectionError(f"projection {self.where}: rows of another partition")
+        envs = sorted(
+            (e for b in batches for e in envelopes(b, self.registry)),
+            key=lambda e: (e.persistence_id, e.seq_nr),
+        )
+        newest: datetime | None = max((e.db_timestamp for e in envs), default=None)
+        try:
+            with conn.transaction():
+                if self.fence is not None:
+                    conn.execute(*self.fence.idle_limit())
+                if self.sink.search_path is not None:
+                    conn.execute(
+                        sql.SQL("SELECT set_config('search_path', {} || ', ' || "
+                                "current_setting('search_path'), true)").format(
+                            sql.Literal(sql.Identifier(self.sink.search_path).as_string(conn))
+                        )
+                    )  # fmt: skip
+                for env in envs:
+                    self._drive(conn, self.core.offer(env, time.monotonic()))
+                self._drive(conn, self.core.flush(time.monotonic()))
+                if newest is not None:
+                    # Every row of the range below `newest` that was visible to this
+                    # batch's read has been handled: a heartbeat says so to the core,
+                    # which writes progress markers for the slices that lag.
+                    progress = TimestampOffset(newest, newest)
+                    beat = heartbeat_envelope(self.sink.entity_type, self.range.min_slice, progress)
+                    self._drive(conn, self.core.offer(beat, time.monotonic()))
+        except Exception as error:
+            self.core.failed()
+            failure = offset_error(error, self.tables, self.where)
+            if failure is not None:
+                raise failure from error
+            raise
+
+    def _drive(self, conn: Connection[Any], action: Action | None) -> None:
+        core = self.core
+        while action is not None:
+            now = time.monotonic()
+            if isinstance(action, PreviousTimestamp):
+                row = conn.execute(
+                    journal_sql.timestamp_of(self.tables), (action.persistence_id, action.seq_nr)
+                ).fetchone()
+                action = core.answer(None if row is None else row[0], now)
+            elif isinstance(action, MissingEvents):
+                action = core.answer(self._missing(conn, action), now)
+            elif isinstance(action, LoadPayload):
+                row = conn.execute(
+                    journal_sql.one_event(self.tables), (action.persistence_id, action.seq_nr)
+                ).fetchone()
+                loaded = None if row is None else row_to_envelope(row, self.registry, source="load")
+                action = core.answer(loaded, now)
+            elif isinstance(action, Commit):
+                if action.envelopes:
+                    self.sink.handler(conn, list(action.envelopes))
+                self.dao.save(conn, self.key, action.records, self.fence)
+                action = core.committed(now)
+            elif isinstance(action, SaveOffsets):
+                self.dao.save(conn, self.key, action.records, self.fence)
+                action = core.committed(now)
+            else:  # Handle: at-least-once, never asked of a grouped core
+                raise ProjectionError(f"unexpected {action!r}")
+
+    def _missing(self, conn: Connection[Any], action: MissingEvents) -> list[EventEnvelope]:
+        params = {
+            "pid": action.persistence_id,
+            "from_seq": action.from_seq_nr,
+            "to_seq": action.to_seq_nr,
+            "limit": action.to_seq_nr - action.from_seq_nr + 1,
+        }
+        rows = conn.execute(journal_sql.by_persistence_id(self.tables), params).fetchall()
+        return [row_to_envelope(row, self.registry, source="persistence_id") for row in rows]

@@ -1,0 +1,285 @@
+"""The journal as a PySpark data source: `spark.read` / `spark.readStream.format("slicejournal")`.
+
+Thin drivers only: options are parsed by `options.py`, stream offsets decided
+by `offsets.py`, statements built by `sql.py`, rows converted by `arrow.py`.
+Spark builds readers on the driver and again on executors (different
+instances), so everything a partition's `read()` needs travels inside its
+`InputPartition` (a `ReadPlan`) and connections are opened in `read()`.
+
+Partitions are contiguous sub-ranges of the slice range: a persistence id lies
+in exactly one, and its events arrive in seq_nr order within it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from journal.connection import connect_sync, schema_errors
+from journal.model import EPOCH
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.spark import sql as q
+from projections.spark.arrow import SCHEMA_DDL, record_batch
+from projections.spark.offsets import (
+    ONE_MICROSECOND,
+    StreamOffset,
+    end_timestamp,
+    initial_offset,
+    reread_from,
+)
+from projections.spark.options import SourceOptions, parse_options
+from projections.spark.sql import ReadPlan
+
+SHORT_NAME = "slicejournal"
+_cursor_ids = itertools.count()
+
+
+class SlicePartition(InputPartition):
+    """One Spark partition: its `ReadPlan` is the whole of what `read()` needs."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        super().__init__(plan)
+        self.plan = plan
+
+
+def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
+    """Stream a partition's rows as Arrow batches through a server-side cursor (executors)."""
+    if plan.empty:
+        return
+    options = plan.options
+    tables = Tables(options.settings)
+    statement, params = q.partition_rows(plan)
+    timeout = options.settings.connect_timeout_seconds
+    with (
+        contextlib.closing(connect_sync(options.dsn, connect_timeout=timeout)) as conn,
+        conn.transaction(),
+        conn.cursor(name=f"slicejournal_spark_{next(_cursor_ids)}") as cur,
+        schema_errors(tables),
+    ):
+        cur.execute(statement, params)
+        while rows := cur.fetchmany(options.batch_rows):
+            yield record_batch(rows)
+
+
+def _query_one(options: SourceOptions, statement: Any, params: Any) -> tuple[Any, ...]:
+    timeout = options.settings.connect_timeout_seconds
+    with (
+        contextlib.closing(connect_sync(options.dsn, connect_timeout=timeout)) as conn,
+        schema_errors(Tables(options.settings)),
+    ):
+        row = conn.execute(statement, params).fetchone()
+    assert row is not None  # aggregates always return a row
+    return tuple(row)
+
+
+# -- batch ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Narrowing:
+    """What pushed filters add to the options: a smaller range, tighter times, given ids."""
+
+    slice_range: SliceRange
+    from_timestamp: datetime | None
+    to_timestamp: datetime | None
+    persistence_ids: tuple[str, ...] = ()
+    empty: bool = False
+
+
+def narrow(options: SourceOptions, filters: Sequence[Filter]) -> tuple[Narrowing, list[Filter]]:
+    """Apply the filters this source can evaluate; return the rest for Spark to evaluate.
+
+    Timestamp comparisons are kept by Spark as well (it re-checks them cheaply):
+    `>` / `<` are applied here as inclusive bounds, which only ever admit more.
+    """
+    lo, hi = options.slice_range.min_slice, options.slice_range.max_slice
+    from_ts, to_ts = options.from_timestamp, options.to_timestamp
+    pids: set[str] | None = None
+    empty = False
+    rest: list[Filter] = []
+    for f in filters:
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        column = attribute[0] if len(attribute) == 1 else None
+        value = getattr(f, "value", None)
+        if column == "slice" and isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(f, EqualTo):
+                lo, hi = max(lo, value), min(hi, value)
+            elif isinstance(f, GreaterThan | GreaterThanOrEqual):
+                lo = max(lo, value + (1 if isinstance(f, GreaterThan) else 0))
+            elif isinstance(f, LessThan | LessThanOrEqual):
+                hi = min(hi, value - (1 if isinstance(f, LessThan) else 0))
+            else:
+                rest.append(f)
+        elif column == "db_timestamp" and isinstance(value, datetime) and value.tzinfo:
+            if isinstance(f, GreaterThan | GreaterThanOrEqual):
+                from_ts = value if from_ts is None else max(from_ts, value)
+            elif isinstance(f, LessThan | LessThanOrEqual):
+                to_ts = value if to_ts is None else min(to_ts, value)
+            rest.append(f)
+        elif column == "entity_type" and isinstance(f, EqualTo):
+            empty |= value != options.entity_type
+        elif column == "persistence_id" and isinstance(f, EqualTo | In):
+            values = [value] if isinstance(f, EqualTo) else list(f.value)
+            given = {p for p in values if isinstance(p, str)}
+            if len(given) != len(set(values)):
+                rest.append(f)
+                continue
+            pids = given if pids is None else pids & given
+        else:
+            rest.append(f)
+    empty |= lo > hi or pids == set()
+    if from_ts is not None and to_ts is not None and from_ts > to_ts:
+        empty = True
+    r = options.slice_range if empty else SliceRange(lo, hi)
+    narrowed = Narrowing(r, from_ts, to_ts, tuple(sorted(pids or ())), empty)
+    return narrowed, rest
+
+
+class BatchReader(DataSourceReader):
+    """`spark.read.format("slicejournal")`: one partition per slice sub-range."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.narrowing = Narrowing(
+            options.slice_range, options.from_timestamp, options.to_timestamp
+        )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        n = self.narrowing
+        options = attrs.evolve(self.options, slice_range=n.slice_range)
+        return [
+            SlicePartition(
+                ReadPlan(
+                    options, r, n.from_timestamp, None, n.to_timestamp, n.persistence_ids, n.empty
+                )
+            )
+            for r in options.partition_ranges()
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SlicePartition)
+        return read_plan(partition.plan)
+
+
+class FilteringBatchReader(BatchReader):
+    """A `BatchReader` that evaluates pushed filters in PostgreSQL (registered only when
+    the session enables `spark.sql.python.filterPushdown.enabled`: Spark refuses a
+    reader with `pushFilters` otherwise)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.narrowing, rest = narrow(self.options, filters)
+        return iter(rest)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream.format("slicejournal")`: micro-batches between `StreamOffset`s."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        to = options.to_timestamp
+        self._target: datetime | None = None if to is None else to + ONE_MICROSECOND
+
+    def initialOffset(self) -> dict[str, Any]:
+        return initial_offset(self.options).to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_events_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        newest, _, _ = _query_one(self.options, *q.stream_bounds(self.options, EPOCH, None))
+        target = EPOCH if newest is None else newest + ONE_MICROSECOND
+        self._target = target if self._target is None else min(self._target, target)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = StreamOffset.from_json(start)
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        newest, nth, _ = _query_one(
+            self.options, *q.stream_bounds(self.options, begin.timestamp, rows)
+        )
+        end = end_timestamp(begin, newest, nth, self._target)
+        window = self._window(end)
+        return StreamOffset(end, window).to_json()
+
+    def _window(self, below: datetime) -> int:
+        count = _query_one(
+            self.options, *q.window_count(self.options, below, self.options.backtracking_window)
+        )[0]
+        return int(count)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, finish = StreamOffset.from_json(start), StreamOffset.from_json(end)
+        if begin == finish:
+            return []
+        from_ts = reread_from(begin, self._window(begin.timestamp), self.options)
+        return [
+            SlicePartition(ReadPlan(self.options, r, from_ts, finish.timestamp))
+            for r in self.options.partition_ranges()
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SlicePartition)
+        return read_plan(partition.plan)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the offset store, not the source, keeps a projection's progress
+
+
+# -- the data source -------------------------------------------------------------------------------
+
+
+class JournalDataSource(DataSource):
+    """The `slicejournal` data source; options are checked when it is created (`load()`)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = parse_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return BatchReader(self.parsed)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return StreamReader(self.parsed)
+
+
+class FilteringJournalDataSource(JournalDataSource):
+    """`JournalDataSource` whose batch reader accepts pushed filters."""
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return FilteringBatchReader(self.parsed)

@@ -1,0 +1,111 @@
+"""The Spark source's statements, built from `Tables` and a `ReadPlan`; they run nothing.
+
+Three questions, all over the `(slice, entity_type, db_timestamp)` index: the
+rows of one partition (the journal's own select list, so rows decode exactly
+as every other read path decodes them), how far a stream may advance (the
+newest row behind the clock, and the limit-th one for `maxEventsPerTrigger`),
+and how many rows lie in a window (the late-commit detector of `offsets.py`).
+The bounds and the count include deleted rows, which keeps them index-only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+from psycopg import sql
+
+from journal.query.sql import SLICE_RANGE, envelope_columns
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.spark.options import SourceOptions
+
+
+@attrs.frozen
+class ReadPlan:
+    """What one Spark partition reads: a slice sub-range between two timestamps.
+
+    `until_exclusive` bounds stream batches, `to_inclusive` batch reads
+    (`toTimestamp`); `persistence_ids` and the narrowed range come from pushed
+    filters; `empty` means the pushed filters admit no row at all.
+    """
+
+    options: SourceOptions
+    slice_range: SliceRange
+    from_timestamp: datetime | None
+    until_exclusive: datetime | None = None
+    to_inclusive: datetime | None = None
+    persistence_ids: tuple[str, ...] = ()
+    empty: bool = False
+
+
+def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
+    return {"entity_type": options.entity_type, "min_slice": r.min_slice, "max_slice": r.max_slice}
+
+
+def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
+    """The partition's rows, not deleted, ordered by (db_timestamp, seq_nr) — so each
+    persistence id's events come in seq_nr order."""
+    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("deleted = false")]
+    params = _range_params(plan.options, plan.slice_range)
+    if plan.from_timestamp is not None:
+        where.append(sql.SQL("db_timestamp >= %(from_ts)s"))
+        params["from_ts"] = plan.from_timestamp
+    if plan.until_exclusive is not None:
+        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
+        params["until_ts"] = plan.until_exclusive
+    if plan.to_inclusive is not None:
+        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
+        params["to_ts"] = plan.to_inclusive
+    if plan.persistence_ids:
+        where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
+        params["pids"] = list(plan.persistence_ids)
+    statement = sql.SQL(
+        "SELECT {columns} FROM {journal} WHERE {where} ORDER BY db_timestamp, seq_nr"
+    ).format(
+        columns=envelope_columns(),
+        journal=Tables(plan.options.settings).journal,
+        where=sql.SQL(" AND ").join(where),
+    )
+    return statement, params
+
+
+def stream_bounds(
+    options: SourceOptions, start: datetime, limit: int | None
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """(newest, nth, database time): the newest row at or after `start` behind the
+    clock, the `limit`-th such row (NULL without a limit), and the time of the read."""
+    behind: list[sql.Composable] = [
+        SLICE_RANGE,
+        sql.SQL("db_timestamp >= %(from_ts)s"),
+        sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"),
+    ]
+    params = _range_params(options, options.slice_range)
+    params |= {"from_ts": start, "behind": options.behind_current_time, "skip": (limit or 1) - 1}
+    if options.to_timestamp is not None:
+        behind.append(sql.SQL("db_timestamp <= %(to_ts)s"))
+        params["to_ts"] = options.to_timestamp
+    journal = Tables(options.settings).journal
+    where = sql.SQL(" AND ").join(behind)
+    nth: sql.Composable = sql.SQL("NULL::timestamptz")
+    if limit is not None:
+        nth = sql.SQL(
+            "(SELECT db_timestamp FROM {j} WHERE {w} ORDER BY db_timestamp OFFSET %(skip)s LIMIT 1)"
+        ).format(j=journal, w=where)
+    statement = sql.SQL(
+        "SELECT (SELECT max(db_timestamp) FROM {j} WHERE {w}), {nth}, transaction_timestamp()"
+    ).format(j=journal, w=where, nth=nth)
+    return statement, params
+
+
+def window_count(
+    options: SourceOptions, below: datetime, window: timedelta
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """How many rows of the range lie in [below - window, below)."""
+    params = _range_params(options, options.slice_range)
+    params |= {"lo": below - window, "hi": below}
+    statement = sql.SQL(
+        "SELECT count(*) FROM {j} WHERE {r} AND db_timestamp >= %(lo)s AND db_timestamp < %(hi)s"
+    ).format(j=Tables(options.settings).journal, r=SLICE_RANGE)
+    return statement, params

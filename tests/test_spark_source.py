@@ -1,0 +1,136 @@
+"""The `slicejournal` Spark data source, batch side, against a real local Spark and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from journal import Journal
+from journal.slices import slice_for
+from projections.spark import register
+
+ENTITY = "Acct"
+
+
+async def _fill(j: Journal, accounts: int = 120) -> dict[str, int]:
+    per_pid: dict[str, int] = {}
+    for i in range(accounts):
+        pid = f"{ENTITY}|a{i}"
+        n = 1 + i % 7
+        await j.append(pid, [{"amount": k, "i": i} for k in range(n)], expected_seq_nr=0)
+        per_pid[pid] = n
+    await j.append("Other|x", [{"amount": 1}], expected_seq_nr=0)
+    return per_pid
+
+
+def _reader(spark: Any, dsn: str, schema: str, **options: object) -> Any:
+    r = spark.read.format("slicejournal").option("dsn", dsn).option("schema", schema)
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+@pytest.mark.timeout(300)
+async def test_batch_reads_every_event_in_order(spark: Any, journal: Journal, pg_dsn: str) -> None:
+    per_pid = await _fill(journal)
+    # A deleted event is not read.
+    await journal.delete_events_to(f"{ENTITY}|a6", 1)
+    per_pid_live = {p: [s for s in range(1, n + 1)] for p, n in per_pid.items()}
+    per_pid_live[f"{ENTITY}|a6"] = per_pid_live[f"{ENTITY}|a6"][1:]
+    schema = journal.settings.schema
+    for lo, hi, parts in [(0, 1023, 1), (0, 1023, 4), (0, 511, 3), (100, 900, 7)]:
+        df = _reader(spark, pg_dsn, schema, entityType=ENTITY, minSlice=lo, maxSlice=hi,
+                     numPartitions=parts)  # fmt: skip
+        assert df.rdd.getNumPartitions() == min(parts, hi - lo + 1)
+        rows = df.select("persistence_id", "seq_nr", "slice", "event", "entity_type").collect()
+        expected = {p: s for p, s in per_pid_live.items() if lo <= slice_for(p) <= hi}
+        got: dict[str, list[int]] = {}
+        for row in rows:
+            assert row.entity_type == ENTITY and row.slice == slice_for(row.persistence_id)
+            assert json.loads(row.event)["amount"] == row.seq_nr - 1
+            got.setdefault(row.persistence_id, []).append(row.seq_nr)
+        assert got == expected, (lo, hi, parts)
+
+
+@pytest.mark.timeout(300)
+async def test_timestamp_bounds_and_filters(spark: Any, journal: Journal, pg_dsn: str) -> None:
+    await _fill(journal, 40)
+    schema = journal.settings.schema
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        cur = await conn.execute(
+            sql.SQL(
+                "SELECT db_timestamp FROM {} WHERE entity_type = %s ORDER BY db_timestamp"
+            ).format(journal.tables.journal),
+            (ENTITY,),
+        )
+        stamps = [r[0] for r in await cur.fetchall()]
+    middle = stamps[len(stamps) // 2]
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, fromTimestamp=middle.isoformat())
+    assert df.count() == sum(1 for t in stamps if t >= middle)
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, toTimestamp=middle.isoformat())
+    assert df.count() == sum(1 for t in stamps if t <= middle)
+
+    for pushdown in ("false", "true"):
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", pushdown)
+        register(spark)
+        try:
+            df = _reader(spark, pg_dsn, schema, entityType=ENTITY)
+            one = df.filter(df.persistence_id == f"{ENTITY}|a5").collect()
+            assert [r.seq_nr for r in one] == list(range(1, 7))
+            ranged = df.filter((df.slice >= 200) & (df.slice < 600)).count()
+            assert ranged == sum(
+                1 + i % 7 for i in range(40) if 200 <= slice_for(f"{ENTITY}|a{i}") < 600
+            )
+            assert df.filter(df.db_timestamp >= middle).count() == sum(
+                1 for t in stamps if t >= middle
+            )
+            assert df.filter(df.entity_type == "Other").count() == 0
+        finally:
+            spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+            register(spark)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"minSlice": "1024"}, "minSlice"),
+        ({"minSlice": "9", "maxSlice": "3"}, "greater than"),
+        ({"numPartitions": "0"}, "numPartitions"),
+        ({"numPartitions": "many"}, "numPartitions"),
+        ({"entityType": "A|B"}, "entityType"),
+        ({"fromTimestamp": "yesterday"}, "fromTimestamp"),
+        ({"fromTimestamp": "2026-01-01T00:00:00"}, "UTC offset"),
+        ({"bogus": "1"}, "unknown option"),
+    ],
+)
+def test_bad_options_fail_at_load(
+    spark: Any, pg_dsn: str, options: dict[str, str], message: str
+) -> None:
+    r = spark.read.format("slicejournal").option("dsn", pg_dsn).option("entityType", "A")
+    for k, v in options.items():
+        r = r.option(k, v)
+    with pytest.raises(Exception) as info:
+        r.load()
+    assert message in str(info.value)
+    assert "SourceOptionError" in str(info.value)
+
+
+def test_missing_dsn_and_case_insensitive_options(spark: Any, pg_dsn: str) -> None:
+    with pytest.raises(Exception, match="'dsn' is required"):
+        spark.read.format("slicejournal").option("entityType", "A").load()
+    # Any case of an option name works (Spark lowercases them).
+    df = (
+        spark.read.format("slicejournal")
+        .option("DSN", pg_dsn)
+        .option("ENTITYTYPE", "Nothing")
+        .option("numpartitions", "2")
+        .option("SCHEMA", "public_missing_schema")
+        .load()
+    )
+    assert df.columns[:4] == ["persistence_id", "entity_type", "slice", "seq_nr"]
+    assert datetime.now(UTC)  # schema resolution needs no database
