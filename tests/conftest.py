@@ -127,9 +127,7 @@ def spark() -> Iterator[Any]:
     """One local Spark session for the whole run (starting one takes ~10 s)."""
     # Executors unpickle handlers defined in `tests/`: they must find the package.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p
-    )
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     from projections.spark import local_session
 
     session = local_session("slicejournal-tests")

@@ -48,7 +48,9 @@ def unqualified_handler() -> Any:
     return _apply_unqualified
 
 
-def _apply_or_die(schema: str, marker: str, conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+def _apply_or_die(
+    schema: str, marker: str, conn: Connection[Any], envs: list[EventEnvelope]
+) -> None:
     _apply(schema, conn, envs)
     try:
         os.unlink(marker)

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -131,10 +132,13 @@ class SparkLeases:
 
         def loop() -> None:
             interval = self.ttl_ms / 3000
+            due = time.monotonic() + interval
             try:
-                while not self._stop.wait(interval):
-                    if not active():
-                        break
+                # Checked often, so a finished query hands its slices back at once.
+                while not self._stop.wait(min(0.25, interval)) and active():
+                    if time.monotonic() < due:
+                        continue
+                    due = time.monotonic() + interval
                     try:
                         if not self.renew():
                             _log.error("spark owner %s lost a lease of %s", self.owner, self.name)

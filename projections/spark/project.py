@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 from psycopg import Connection, sql
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from journal.connection import connect_sync, schema_errors
@@ -38,7 +38,8 @@ from projections.settings import ProjectionSettings
 from projections.spark.leases import DEFAULT_LEASE_TTL, SparkLeases, spark_owner
 from projections.spark.options import DEFAULT_PARTITIONS, parse_options, split_range
 from projections.spark.register import register
-from projections.spark.sink import SUMMARY_DDL, PartitionSink, SparkHandler
+from projections.spark.sink import PartitionSink, SparkHandler
+from projections.spark.writer import sink_source
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -118,12 +119,15 @@ def _sink(
     )
 
 
-def _apply(df: DataFrame, sink: PartitionSink) -> dict[str, int]:
-    totals = {"accepted": 0, "duplicates": 0, "gaps_filled": 0}
-    for row in df.mapInArrow(sink, SUMMARY_DDL).collect():
-        for key in totals:
-            totals[key] += int(row[key])
-    return totals
+def _writer_format(spark: SparkSession, sink: PartitionSink) -> str:
+    """Register the sink's writer source with the session; its format name."""
+    # Spark resolves Python data sources through the JVM thread's active session,
+    # which a thread other than the one that built the session does not have.
+    jvm: Any = spark._jvm
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    source = sink_source(sink)
+    spark.dataSource.register(source)
+    return source.short_name
 
 
 def store_start(
@@ -188,14 +192,10 @@ def project(
     leases = SparkLeases(dsn, settings, name, ranges, owner=spark_owner(), ttl=lease_ttl)
     sink = attrs.evolve(sink, fences=leases.acquire())
 
-    def batch(df: DataFrame, batch_id: int) -> None:
-        totals = _apply(df, sink)
-        _log.info("projection %s batch %d on spark: %s", name, batch_id, totals)
-
     try:
         stream = spark.readStream.format("slicejournal").options(**options).load()
         writer = (
-            stream.writeStream.foreachBatch(batch)
+            stream.writeStream.format(_writer_format(spark, sink))
             .option("checkpointLocation", checkpoint_location)
             .trigger(**trigger)
         )
@@ -298,13 +298,16 @@ def rebuild(
             dao = SyncOffsetDao(Tables(settings), stage_name)
             conn.execute(dao.sql.clear(slice_range).query, dao.sql.clear(slice_range).params)
         df = spark.read.format("slicejournal").options(**options).load()
-        totals = _apply(df, sink)
+        sink = attrs.evolve(sink, fences=leases.fences)
+        df.write.format(_writer_format(spark, sink)).mode("append").save()
         with _connect(dsn, settings) as conn, conn.transaction():
-            _swap(conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to)
+            events = _swap(
+                conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to
+            )
     finally:
         leases.release()
-    _log.info("projection %s rebuilt on spark up to %s: %s", name, up_to, totals)
-    return RebuildResult(totals["accepted"], up_to, tuple(".".join(t) for t in targets))
+    _log.info("projection %s rebuilt on spark up to %s: %d events", name, up_to, events)
+    return RebuildResult(events, up_to, tuple(".".join(t) for t in targets))
 
 
 def _staging_schema(settings: JournalSettings, name: str) -> str:
@@ -367,8 +370,9 @@ def _swap(
     staging: str,
     targets: Sequence[tuple[str, str]],
     up_to: datetime,
-) -> None:
-    """One transaction: the read model, the offsets and the markers at `up_to`, or nothing."""
+) -> int:
+    """One transaction: the read model, the offsets and the markers at `up_to`, or nothing.
+    Returns how many events the rebuild applied (its offset rows)."""
     t = Tables(settings)
     for fence in leases.fences:  # still ours, and nobody may take them until we commit
         conn.execute(*fence.statement(t))
@@ -381,13 +385,14 @@ def _swap(
     dao = SyncOffsetDao(t, name)
     clear = dao.sql.clear(slice_range)
     conn.execute(clear.query, clear.params)
-    conn.execute(
-        sql.SQL("UPDATE {} SET projection_name = %s WHERE projection_name = %s").format(
-            t.offset_store
-        ),
+    moved = conn.execute(
+        sql.SQL(
+            "UPDATE {} SET projection_name = %s WHERE projection_name = %s RETURNING seq_nr > 0"
+        ).format(t.offset_store),
         (name, stage_name),
-    )
+    ).fetchall()
     markers = [Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, up_to) for s in slice_range]
     for r in {f.slice_range for f in leases.fences}:
         dao.save(conn, range_key(r), [m for m in markers if m.slice in r])
     conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(staging)))
+    return sum(1 for (event,) in moved if event)

@@ -22,9 +22,10 @@ pointing at the staging schema.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +33,7 @@ import attrs
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import Connection, sql
+from pyspark.sql.datasource import WriterCommitMessage
 
 from journal.connection import connect_sync
 from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
@@ -61,15 +63,6 @@ from projections.spark.arrow import envelopes
 _log = logging.getLogger("slicejournal.projections.spark")
 
 SparkHandler = Callable[[Connection[Any], list[EventEnvelope]], None]
-SUMMARY_DDL = "slice_range string, accepted long, duplicates long, gaps_filled long"
-_SUMMARY = pa.schema(
-    [
-        ("slice_range", pa.string()),
-        ("accepted", pa.int64()),
-        ("duplicates", pa.int64()),
-        ("gaps_filled", pa.int64()),
-    ]
-)
 
 
 def _default_registry() -> SerializerRegistry:
@@ -111,35 +104,36 @@ class PartitionSink:
             "span several source partitions; apply the sink to the source's partitions as read"
         )
 
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """`mapInArrow` function: apply one partition, yield one summary row."""
+    def apply(self, batches: Iterable[pa.RecordBatch]) -> SinkReport:
+        """Apply one Spark partition (its rows as Arrow batches) on this executor."""
         it = (b for b in batches if b.num_rows)
         first = next(it, None)
         if first is None:
-            return
+            return SinkReport("", 0, 0, 0)
         r = self.range_of(first)
         fence = next((f for f in self.fences if f.slice_range == r), None)
         run = _PartitionRun(self, r, fence)
         timeout = self.settings.connect_timeout_seconds
         with contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout)) as conn:
             run.start(conn)
-            chunks = (
-                ([first], *([b] for b in it)) if self.transaction_per_batch else ([first, *it],)
-            )
-            for chunk in chunks:
-                run.apply(conn, chunk)
+            if self.transaction_per_batch:
+                run.apply(conn, [first])
+                for batch in it:
+                    run.apply(conn, [batch])
+            else:
+                run.apply(conn, [first, *it])
         stats = run.core.stats
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "slice_range": str(r),
-                    "accepted": stats.accepted,
-                    "duplicates": stats.duplicates,
-                    "gaps_filled": stats.gaps_filled,
-                }
-            ],
-            schema=_SUMMARY,
-        )
+        return SinkReport(str(r), stats.accepted, stats.duplicates, stats.gaps_filled)
+
+
+@dataclasses.dataclass
+class SinkReport(WriterCommitMessage):
+    """What one partition did, sent back to the driver's `commit`."""
+
+    slice_range: str
+    accepted: int
+    duplicates: int
+    gaps_filled: int
 
 
 class _PartitionRun:
