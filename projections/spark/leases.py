@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -46,7 +47,8 @@ class ProjectionBusy(JournalError):
 
 
 def spark_owner(kind: str = "spark") -> str:
-    return f"{kind}:{socket.gethostname()}:{os.getpid()}"
+    """A new owner id per run: two queries of one driver are two owners."""
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class SparkLeases:
