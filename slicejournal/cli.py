@@ -18,6 +18,7 @@ from slicejournal.fleet_cli import add_fleet_parsers
 from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
+SPARK_DEMO_SCHEMA = "slicejournal_spark_demo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -80,6 +81,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(resolve_dsn(args.dsn), _settings(args), args))
 
 
+def cmd_spark_demo(args: argparse.Namespace) -> int:
+    from slicejournal.spark_demo import run_spark_demo
+
+    return asyncio.run(run_spark_demo(resolve_dsn(args.dsn), _settings(args), args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicejournal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +125,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--writers", type=_bounded_int(1, 64), default=8,
                         help="concurrent writers (1..64, default 8)")  # fmt: skip
     p_demo.set_defaults(func=cmd_demo)
+    p_spark = sub.add_parser(
+        "spark-demo",
+        parents=[dsn],
+        help="run the bank-account demo on a local Apache Spark (needs slicejournal[spark])",
+        description="Backfills the balances projection on local Spark (exactly once), rebuilds "
+        "it on Spark and swaps it in, then hands it to the in-process runner while more events "
+        "are written, and verifies the read model. Runs only in a schema of its own.",
+    )
+    p_spark.add_argument(
+        "--schema",
+        default=SPARK_DEMO_SCHEMA,
+        help=f"the demo's own schema (default: {SPARK_DEMO_SCHEMA}); created by the demo, "
+        "reset on every run, any other existing schema is refused",
+    )
+    p_spark.add_argument("--accounts", type=_bounded_int(1, 100_000), default=200,
+                         help="number of accounts (1..100000, default 200)")  # fmt: skip
+    p_spark.add_argument("--events", type=_bounded_int(10, 1_000_000), default=20_000,
+                         help="events, half before Spark runs (default 20000)")  # fmt: skip
+    p_spark.add_argument("--writers", type=_bounded_int(1, 64), default=8,
+                         help="concurrent writers (1..64, default 8)")  # fmt: skip
+    p_spark.set_defaults(func=cmd_spark_demo)
     add_server_parser(sub)
     add_fleet_parsers(sub, dsn, _bounded_int)
     args = parser.parse_args(argv)

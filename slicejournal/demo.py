@@ -96,14 +96,16 @@ def decide(rng: random.Random) -> Any:
 class BalancesReadModel:
     """The projection's target: a row per account, and a row per applied event."""
 
-    def __init__(self, schema: str) -> None:
-        self.balances_table = sql.Identifier(schema, READ_MODEL_TABLE)
-        self.applied_table = sql.Identifier(schema, APPLIED_TABLE)
-        self._upsert = sql.SQL(
+    def __init__(self, schema: str | None) -> None:
+        # schema None: unqualified names, resolved by search_path (what a rebuild needs).
+        qualify = (schema,) if schema is not None else ()
+        self.balances_table = sql.Identifier(*qualify, READ_MODEL_TABLE)
+        self.applied_table = sql.Identifier(*qualify, APPLIED_TABLE)
+        self.upsert = sql.SQL(
             "INSERT INTO {t} (account, balance) VALUES (%s, %s) ON CONFLICT (account) "
             "DO UPDATE SET balance = {t}.balance + excluded.balance"
         ).format(t=self.balances_table)
-        self._applied = sql.SQL(
+        self.insert_applied = sql.SQL(
             "INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)"
         ).format(self.applied_table)
 
@@ -118,18 +120,29 @@ class BalancesReadModel:
             ).format(b=self.balances_table, a=self.applied_table)
         )
 
-    async def handle(self, conn: AsyncConnection[Any], envelopes: list[EventEnvelope]) -> None:
-        """A batch of events, in the transaction that also stores their offsets."""
+    def rows(self, envelopes: list[EventEnvelope]) -> tuple[list[Any], list[Any]]:
+        """The parameters of `upsert` (one delta per account) and `insert_applied`."""
         deltas: dict[str, int] = {}
         for env in envelopes:
             event = env.event
             delta = event.amount if isinstance(event, Deposited) else -event.amount
             deltas[env.persistence_id] = deltas.get(env.persistence_id, 0) + delta
+        applied = [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envelopes]
+        return list(deltas.items()), applied
+
+    async def handle(self, conn: AsyncConnection[Any], envelopes: list[EventEnvelope]) -> None:
+        """A batch of events, in the transaction that also stores their offsets."""
+        upserts, applied = self.rows(envelopes)
         async with conn.cursor() as cur:
-            await cur.executemany(self._upsert, list(deltas.items()))
-            await cur.executemany(
-                self._applied, [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envelopes]
-            )
+            await cur.executemany(self.upsert, upserts)
+            await cur.executemany(self.insert_applied, applied)
+
+    def handle_sync(self, conn: psycopg.Connection[Any], envelopes: list[EventEnvelope]) -> None:
+        """`handle` for a synchronous connection (the Spark executors)."""
+        upserts, applied = self.rows(envelopes)
+        with conn.cursor() as cur:
+            cur.executemany(self.upsert, upserts)
+            cur.executemany(self.insert_applied, applied)
 
     async def balances(self, conn: AsyncConnection[Any]) -> dict[str, int]:
         cur = await conn.execute(
@@ -262,7 +275,7 @@ def _table(status: FleetStatus) -> str:
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
     # The schema is checked (and claimed) below, before anything is written.
     async with Journal.connect(
-        dsn, settings, serializers=bank_serializers(), check_schema=False
+        dsn, settings, serializers=bank_serializers(), create_schema=False, check_schema=False
     ) as journal:
         print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
         async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:

@@ -126,3 +126,20 @@ def test_demo_help_names_the_real_default_schema() -> None:
     assert result.returncode == 0
     assert "slicejournal_demo" in result.stdout
     assert "default: public" not in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_spark_demo_verifies_in_a_fresh_schema(pg_dsn: str) -> None:
+    """The Spark demo, end to end: backfill on Spark, rebuild, handoff, verification."""
+    schema = fresh_schema_name()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "slicejournal.cli", "spark-demo", "--dsn", pg_dsn,
+             "--schema", schema, "--events", "600", "--accounts", "40", "--writers", "3"],
+            capture_output=True, text=True, timeout=280, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+        assert "missing=0" in result.stdout and "applied twice=0" in result.stdout
+        assert result.stdout.rstrip().endswith("OK")
+    finally:
+        drop_test_schema(pg_dsn, schema)

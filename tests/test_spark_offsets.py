@@ -56,12 +56,8 @@ def test_end_never_splits_a_timestamp_and_never_moves_back() -> None:
     assert end_timestamp(start, later, None, None) == later + ONE_MICROSECOND
     # The limit-th row shares the start's timestamp: the batch takes that whole timestamp.
     assert end_timestamp(start, later, T0, None) == T0 + ONE_MICROSECOND
-    assert end_timestamp(start, later, T0 + timedelta(seconds=1), None) == T0 + timedelta(
-        seconds=1
-    )
-    assert end_timestamp(start, later, None, T0 + timedelta(seconds=2)) == T0 + timedelta(
-        seconds=2
-    )
+    assert end_timestamp(start, later, T0 + timedelta(seconds=1), None) == T0 + timedelta(seconds=1)
+    assert end_timestamp(start, later, None, T0 + timedelta(seconds=2)) == T0 + timedelta(seconds=2)
     assert end_timestamp(StreamOffset(later, 0), later, None, T0) == later
 
 

@@ -40,6 +40,8 @@ from projections.fleet.lease_sql import FleetSql, lease_rows
 _log = logging.getLogger("slicejournal.projections.spark")
 
 DEFAULT_LEASE_TTL = timedelta(seconds=30)
+# How long a start waits for another owner's leases to go (released or expired).
+DEFAULT_LEASE_WAIT = timedelta(seconds=5)
 
 
 class ProjectionBusy(JournalError):
@@ -79,8 +81,19 @@ class SparkLeases:
         timeout = self.settings.connect_timeout_seconds
         return contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout))
 
-    def acquire(self) -> tuple[Fence, ...]:
-        """Claim every range, all or nothing; `ProjectionBusy` if another owner holds a slice."""
+    def acquire(self, wait: timedelta = timedelta(0)) -> tuple[Fence, ...]:
+        """Claim every range, all or nothing; `ProjectionBusy` if another owner still holds
+        a slice after `wait` (a query that just ended may be releasing its leases)."""
+        deadline = time.monotonic() + wait.total_seconds()
+        while True:
+            try:
+                return self._acquire()
+            except ProjectionBusy:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.2)
+
+    def _acquire(self) -> tuple[Fence, ...]:
         s = self._sql
         fences = []
         with self._connect() as conn, conn.transaction():

@@ -35,7 +35,12 @@ from projections.names import check_instance, range_key, validate_name
 from projections.offset_dao import SyncOffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings
-from projections.spark.leases import DEFAULT_LEASE_TTL, SparkLeases, spark_owner
+from projections.spark.leases import (
+    DEFAULT_LEASE_TTL,
+    DEFAULT_LEASE_WAIT,
+    SparkLeases,
+    spark_owner,
+)
 from projections.spark.options import DEFAULT_PARTITIONS, parse_options, split_range
 from projections.spark.register import register
 from projections.spark.sink import PartitionSink, SparkHandler
@@ -156,6 +161,7 @@ def project(
     num_partitions: int = DEFAULT_PARTITIONS,
     max_events_per_trigger: int | None = None,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    lease_wait: timedelta = DEFAULT_LEASE_WAIT,
     serializers: Callable[[], SerializerRegistry] | None = None,
     query_name: str | None = None,
 ) -> StreamingQuery:
@@ -170,8 +176,9 @@ def project(
     `serializers` is a zero-argument factory of the `SerializerRegistry` that
     decodes typed events (it runs on every executor).
 
-    Raises `ProjectionBusy` if fleet workers (or another Spark job) hold slices
-    of the range; the leases are released when the query ends.
+    Raises `ProjectionBusy` if fleet workers (or another Spark job) still hold
+    slices of the range after `lease_wait`; the leases are released when the
+    query ends.
     """
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
     trigger = _check_trigger(trigger)
@@ -190,7 +197,7 @@ def project(
     )
     register(spark)
     leases = SparkLeases(dsn, settings, name, ranges, owner=spark_owner(), ttl=lease_ttl)
-    sink = attrs.evolve(sink, fences=leases.acquire())
+    sink = attrs.evolve(sink, fences=leases.acquire(lease_wait))
 
     try:
         stream = spark.readStream.format("slicejournal").options(**options).load()
@@ -251,6 +258,7 @@ def rebuild(
     slice_range: SliceRange = FULL_RANGE,
     num_partitions: int = DEFAULT_PARTITIONS,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    lease_wait: timedelta = DEFAULT_LEASE_WAIT,
     serializers: Callable[[], SerializerRegistry] | None = None,
 ) -> RebuildResult:
     """Rebuild read model `tables` from the journal on Spark, then swap them in atomically.
@@ -290,7 +298,7 @@ def rebuild(
     leases = SparkLeases(
         dsn, settings, name, ranges, owner=spark_owner("spark-rebuild"), ttl=lease_ttl
     )
-    leases.acquire()
+    leases.acquire(lease_wait)
     try:
         leases.keep_alive(lambda: True, lambda: None)
         with _connect(dsn, settings) as conn, conn.transaction():
