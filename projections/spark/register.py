@@ -27,17 +27,21 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(FilteringJournalDataSource if pushdown else JournalDataSource)
 
 
-def local_session(app_name: str = "slicejournal", *, cores: int = 2) -> SparkSession:
+def local_session(app_name: str = "slicejournal", *, cores: int = 2, **config: str) -> SparkSession:
     """A local-mode session (`local[cores]`) whose Python workers run this interpreter,
-    with the data source registered: what the demo, the tests and the benchmark use."""
+    with the data source registered: what the demo, the tests and the benchmark use.
+    `config`: further Spark settings (e.g. `**{"spark.jars": path}`)."""
     # Executors must import this package: locally they are this Python, on a cluster
     # the package is installed on the workers (or shipped with spark.submit.pyFiles).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Local mode talks to itself only: over loopback, whatever the host's interfaces.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in config.items():
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master(f"local[{cores}]")
+        builder.master(f"local[{cores}]")
         .appName(app_name)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -1,0 +1,273 @@
+"""Spark: the `slicejournal` source and the exactly-once sink against baselines in the same run.
+
+    .venv/bin/python benchmarks/spark.py [--dsn DSN] [--events 1000000] [--partitions 8]
+                                         [--rate 200] [--live-seconds 20]
+
+`--events` events (10,000 ids over all 1024 slices, JSON payloads) are inserted
+set-based over the hour before now. One local[2] Spark session (PySpark, Java 17).
+
+(a) batch read of every event, forced with Spark's `noop` sink, `--partitions`
+    partitions: our source against Spark's own JDBC source over the same table
+    partitioned by `slice` with the same partition count. JDBC needs the
+    PostgreSQL driver jar (Debian: `apt-get install libpostgresql-jdbc-java`,
+    which installs /usr/share/java/postgresql.jar) and a TCP DSN (`--dsn
+    postgresql://user:pw@127.0.0.1:5432/db`); otherwise that baseline is skipped
+    with a line saying why. Goal: ours / JDBC >= 0.8.
+(b) exactly-once projection of all events: `project(..., trigger availableNow)`
+    (4 partitions) against the in-process `ProjectionGroup` of 4 grouped
+    instances on the same events; both handlers insert one row per event with
+    `executemany` into a table with PRIMARY KEY (pid, seq_nr).
+(c) per-batch latency: `project` with a 0-second processing-time trigger while
+    single-event appends arrive at `--rate`/s for `--live-seconds`; latency is
+    applied_at (the handler's clock_timestamp()) - db_timestamp, p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import psycopg
+from _common import (
+    add_dsn_argument,
+    bulk_insert_events,
+    database,
+    drop_schema,
+    format_ratio,
+    fresh_schema,
+    print_environment,
+    print_table,
+    run,
+)
+from psycopg import conninfo, sql
+
+from journal import EventEnvelope, Journal, JournalSettings, SliceRange
+from projections import Projection, ProjectionSettings
+from projections.scaling import ProjectionGroup
+
+ENTITY = "Bench"
+PIDS = 10_000
+JDBC_JAR = "/usr/share/java/postgresql.jar"
+
+
+def insert_rows(table: str, conn: psycopg.Connection[Any], envs: list[EventEnvelope]) -> None:
+    """The handler of both (b) variants: one row per event, applied_at stamped by the server."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            sql.SQL("INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)").format(
+                sql.Identifier(*table.split("."))
+            ),
+            [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envs],
+        )
+
+
+async def create_target(dsn: str, table: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (pid text, seq_nr bigint, db_timestamp timestamptz, "
+                "applied_at timestamptz DEFAULT clock_timestamp(), PRIMARY KEY (pid, seq_nr))"
+            ).format(sql.Identifier(*table.split(".")))
+        )
+
+
+def jdbc_url(dsn: str) -> tuple[str | None, str]:
+    """The JDBC URL for a TCP DSN, or None and why not."""
+    if not os.path.exists(JDBC_JAR):
+        return None, f"no {JDBC_JAR} (apt-get install libpostgresql-jdbc-java)"
+    params = conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or "")
+    if not host or host.startswith("/"):
+        return (
+            None,
+            "the DSN is a Unix socket; JDBC needs TCP (--dsn postgresql://...@127.0.0.1/db)",
+        )
+    port = params.get("port") or 5432
+    url = f"jdbc:postgresql://{host}:{port}/{params.get('dbname', 'postgres')}"
+    return url, str(params.get("user") or "")
+
+
+def timed_read(load: Any) -> float:
+    start = time.perf_counter()
+    load().write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - start
+
+
+async def main_async(args: argparse.Namespace, dsn: str | None) -> int:
+    from projections.spark import local_session, project
+
+    with database(dsn) as db:
+        await print_environment(db)
+        schema = fresh_schema("spark")
+        settings = JournalSettings(schema=schema)
+        try:
+            async with Journal.connect(db.dsn, settings, create_schema=True) as journal:
+                async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as c:
+                    events = await bulk_insert_events(
+                        c, journal.tables.journal, entity_type=ENTITY, pids=PIDS,
+                        events_per_pid=max(1, args.events // PIDS), span_seconds=3600,
+                    )  # fmt: skip
+                print(f"journal: {events:,} events, {PIDS:,} ids, over the last hour")
+                url, why = jdbc_url(db.dsn)
+                extra = {"spark.jars": JDBC_JAR} if url else {}
+                session = functools.partial(local_session, "slicejournal-bench", **extra)
+                spark = await asyncio.to_thread(session)
+                print(f"spark:    PySpark {spark.version}, local[2]")
+                try:
+                    await run_all(args, db.dsn, journal, spark, url, why, events, project)
+                finally:
+                    await asyncio.to_thread(spark.stop)
+        finally:
+            await drop_schema(db.dsn, schema)
+    return 0
+
+
+async def run_all(
+    args: argparse.Namespace, dsn: str, journal: Journal, spark: Any, url: str | None,
+    why: str, events: int, project: Any,
+) -> None:  # fmt: skip
+    schema = journal.settings.schema
+    parts = args.partitions
+
+    def ours() -> Any:
+        return (
+            spark.read.format("slicejournal").option("dsn", dsn).option("schema", schema)
+            .option("entityType", ENTITY).option("numPartitions", str(parts)).load()
+        )  # fmt: skip
+
+    print(f"\n== (a) batch read of {events:,} events, {parts} partitions (best of 2)")
+    ours_s = min([await asyncio.to_thread(timed_read, ours) for _ in range(2)])
+    rows = [["slicejournal source", f"{events / ours_s:,.0f}", "-"]]
+    if url is not None:
+        params = conninfo.conninfo_to_dict(dsn)
+
+        def jdbc() -> Any:
+            return (
+                spark.read.format("jdbc").option("url", url)
+                .option("dbtable", f'"{schema}"."event_journal"')
+                .option("user", why).option("password", str(params.get("password") or ""))
+                .option("partitionColumn", "slice").option("lowerBound", "0")
+                .option("upperBound", "1024").option("numPartitions", str(parts))
+                .option("fetchsize", "10000").load()
+            )  # fmt: skip
+
+        jdbc_s = min([await asyncio.to_thread(timed_read, jdbc) for _ in range(2)])
+        rows.append(["Spark JDBC source", f"{events / jdbc_s:,.0f}", "-"])
+        rows[0][2] = format_ratio(jdbc_s / ours_s)
+        verdict = "met" if jdbc_s / ours_s >= 0.8 else "NOT met"
+        print_table(["reader", "events/s", "ours/JDBC"], rows)
+        print(f"goal ours/JDBC >= 0.8: {verdict}")
+    else:
+        print_table(["reader", "events/s", "ours/JDBC"], rows)
+        print(f"JDBC baseline skipped: {why}")
+
+    print(f"\n== (b) exactly-once projection of {events:,} events")
+    spark_table = f"{schema}.on_spark"
+    await create_target(dsn, spark_table)
+    start = time.perf_counter()
+    query = await asyncio.to_thread(
+        project, spark, dsn=dsn, name="bench-spark", entity_type=ENTITY,
+        handler=functools.partial(insert_rows, spark_table), trigger={"availableNow": True},
+        checkpoint_location=tempfile.mkdtemp(), settings=journal.settings,
+    )  # fmt: skip
+    await asyncio.to_thread(query.awaitTermination)
+    spark_s = time.perf_counter() - start
+    local_table = f"{schema}.in_process"
+    await create_target(dsn, local_table)
+    local_s = await in_process(journal, local_table, events)
+    print_table(
+        ["runner", "events/s", "spark/in-process"],
+        [
+            ["spark availableNow, 4 partitions", f"{events / spark_s:,.0f}",
+             format_ratio(local_s / spark_s)],
+            ["in-process ProjectionGroup, 4 grouped", f"{events / local_s:,.0f}", "-"],
+        ],
+    )  # fmt: skip
+
+    print(f"\n== (c) per-batch latency at {args.rate:g} events/s for {args.live_seconds:g} s")
+    live_table = f"{schema}.live"
+    await create_target(dsn, live_table)
+    query = await asyncio.to_thread(
+        project, spark, dsn=dsn, name="bench-live", entity_type="Live",
+        handler=functools.partial(insert_rows, live_table), trigger={"processingTime": "0 seconds"},
+        checkpoint_location=tempfile.mkdtemp(), settings=journal.settings,
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(3)
+        n = int(args.rate * args.live_seconds)
+        for i in range(n):
+            await journal.append(f"Live|{i % 100}-{i}", [{"i": i}], expected_seq_nr=0)
+            await asyncio.sleep(1 / args.rate)
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                cur = await conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "live"))
+                )
+                if (await cur.fetchone() or (0,))[0] >= n:
+                    break
+                await asyncio.sleep(0.2)
+            cur = await conn.execute(
+                sql.SQL(
+                    "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+                    "extract(epoch FROM applied_at - db_timestamp) * 1000), count(*) FROM {}"
+                ).format(sql.Identifier(schema, "live"))
+            )
+            row = await cur.fetchone()
+    finally:
+        await asyncio.to_thread(query.stop)
+    assert row is not None
+    p50, p99 = row[0] or (0.0, 0.0)
+    print(f"append -> applied on Spark: p50 {p50:.0f} ms, p99 {p99:.0f} ms ({row[1]} of {n})")
+
+
+async def in_process(journal: Journal, table: str, events: int) -> float:
+    def factory(j: Journal, r: SliceRange) -> Projection:
+        async def handler(conn: psycopg.AsyncConnection[Any], envs: list[EventEnvelope]) -> None:
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    sql.SQL("INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)")
+                    .format(sql.Identifier(*table.split("."))),
+                    [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envs],
+                )  # fmt: skip
+
+        return Projection.grouped(
+            j, name="bench-local", entity_type=ENTITY, slice_range=r, handler=handler,
+            settings=ProjectionSettings(group_after_envelopes=1000),
+        )  # fmt: skip
+
+    group = ProjectionGroup(functools.partial(factory, journal), 4)
+    start = time.perf_counter()
+    await group.start()
+    try:
+        async with await psycopg.AsyncConnection.connect(journal.dsn) as conn:
+            while True:
+                cur = await conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table.split(".")))
+                )
+                if (await cur.fetchone() or (0,))[0] >= events:
+                    return time.perf_counter() - start
+                await asyncio.sleep(0.05)
+    finally:
+        await group.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_dsn_argument(parser)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--live-seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    return args, args
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse_args(), main_async))
