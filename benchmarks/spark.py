@@ -116,7 +116,7 @@ async def main_async(args: argparse.Namespace, dsn: str | None) -> int:
                 print(f"journal: {events:,} events, {PIDS:,} ids, over the last hour")
                 url, why = jdbc_url(db.dsn)
                 extra = {"spark.jars": JDBC_JAR} if url else {}
-                session = functools.partial(local_session, "slicejournal-bench", **extra)
+                session = functools.partial(local_session, "slicejournal-bench", config=extra)
                 spark = await asyncio.to_thread(session)
                 print(f"spark:    PySpark {spark.version}, local[2]")
                 try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
@@ -27,10 +28,12 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(FilteringJournalDataSource if pushdown else JournalDataSource)
 
 
-def local_session(app_name: str = "slicejournal", *, cores: int = 2, **config: str) -> SparkSession:
+def local_session(
+    app_name: str = "slicejournal", *, cores: int = 2, config: Mapping[str, str] | None = None
+) -> SparkSession:
     """A local-mode session (`local[cores]`) whose Python workers run this interpreter,
     with the data source registered: what the demo, the tests and the benchmark use.
-    `config`: further Spark settings (e.g. `**{"spark.jars": path}`)."""
+    `config`: further Spark settings (e.g. `{"spark.jars": path}`)."""
     # Executors must import this package: locally they are this Python, on a cluster
     # the package is installed on the workers (or shipped with spark.submit.pyFiles).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -38,7 +41,7 @@ def local_session(app_name: str = "slicejournal", *, cores: int = 2, **config: s
     # Local mode talks to itself only: over loopback, whatever the host's interfaces.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
-    for key, value in config.items():
+    for key, value in (config or {}).items():
         builder = builder.config(key, value)
     spark = (
         builder.master(f"local[{cores}]")
