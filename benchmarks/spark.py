@@ -56,14 +56,18 @@ PIDS = 10_000
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 
 
+def insert_statement(table: str) -> sql.Composed:
+    """What both (b) handlers run per event (applied_at is stamped by the server)."""
+    return sql.SQL("INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)").format(
+        sql.Identifier(*table.split("."))
+    )
+
+
 def insert_rows(table: str, conn: psycopg.Connection[Any], envs: list[EventEnvelope]) -> None:
-    """The handler of both (b) variants: one row per event, applied_at stamped by the server."""
+    """The Spark handler: one row per event."""
     with conn.cursor() as cur:
         cur.executemany(
-            sql.SQL("INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)").format(
-                sql.Identifier(*table.split("."))
-            ),
-            [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envs],
+            insert_statement(table), [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envs]
         )
 
 
@@ -232,10 +236,9 @@ async def in_process(journal: Journal, table: str, events: int) -> float:
         async def handler(conn: psycopg.AsyncConnection[Any], envs: list[EventEnvelope]) -> None:
             async with conn.cursor() as cur:
                 await cur.executemany(
-                    sql.SQL("INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)")
-                    .format(sql.Identifier(*table.split("."))),
+                    insert_statement(table),
                     [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envs],
-                )  # fmt: skip
+                )
 
         return Projection.grouped(
             j, name="bench-local", entity_type=ENTITY, slice_range=r, handler=handler,

@@ -142,6 +142,12 @@ def connect_sync(dsn: str, *, connect_timeout: int, autocommit: bool = True) -> 
         )
 
 
+def open_sync(dsn: str, settings: JournalSettings) -> Connection[Any]:
+    """One autocommit connection within the settings' `connect_timeout` (close it with
+    `with`): for drivers without a pool, such as Spark executors."""
+    return connect_sync(dsn, connect_timeout=settings.connect_timeout_seconds)
+
+
 def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str | None:
     """Which of the journal's tables the error is about, if any (a handler's own is not)."""
     message = error.diag.message_primary or str(error)

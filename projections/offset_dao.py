@@ -109,6 +109,9 @@ class SyncOffsetDao:
         for statement in self.sql.save(key, records, fence):
             self._run(conn, statement)
 
+    def clear(self, conn: Connection[Any], slices: SliceRange) -> None:
+        self._run(conn, self.sql.clear(slices))
+
 
 async def is_paused(
     conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange

@@ -46,6 +46,7 @@ class FleetSql:
             + " FROM {f} WHERE projection_name = %s"
         ).format(f=f, now=now)
         self.lock_fleet = self.fleet + sql.SQL(" FOR UPDATE")
+        self.now = sql.SQL("SELECT {now}").format(now=now)
         # Every claim of the projection's leases, by fleet workers or by a Spark
         # runner (which may have no fleet row to lock), takes this lock first.
         self.lock_claims = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))")

@@ -326,7 +326,7 @@ class FleetWorker:
     async def _claim_one(self, conn: psycopg.AsyncConnection[Any], r: SliceRange) -> int | None:
         cur = await conn.execute(self._sql.lock_overlapping, (self.name, r.max_slice, r.min_slice))
         rows = lease_rows(await cur.fetchall())
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        cur = await conn.execute(self._sql.now)
         now = (await cur.fetchone() or (0.0,))[0]
         blockers, stale = claim_check(rows, r, self.me, now)
         if blockers:

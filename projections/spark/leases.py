@@ -28,7 +28,7 @@ from typing import Any
 
 from psycopg import Connection
 
-from journal.connection import connect_sync
+from journal.connection import open_sync
 from journal.errors import JournalError
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
@@ -77,9 +77,8 @@ class SparkLeases:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _connect(self) -> contextlib.closing[Connection[Any]]:
-        timeout = self.settings.connect_timeout_seconds
-        return contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout))
+    def _connect(self) -> Connection[Any]:
+        return open_sync(self.dsn, self.settings)
 
     def acquire(self, wait: timedelta = timedelta(0)) -> tuple[Fence, ...]:
         """Claim every range, all or nothing; `ProjectionBusy` if another owner still holds
@@ -98,7 +97,7 @@ class SparkLeases:
         fences = []
         with self._connect() as conn, conn.transaction():
             conn.execute(s.lock_claims, s.claims_key(self.name))
-            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            row = conn.execute(s.now).fetchone()
             now = float(row[0]) if row else 0.0
             for r in self.ranges:
                 rows = conn.execute(s.lock_overlapping, (self.name, r.max_slice, r.min_slice))

@@ -12,7 +12,6 @@ the offset rows Spark stored.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +23,7 @@ from psycopg import Connection, sql
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from journal.connection import connect_sync, schema_errors
+from journal.connection import open_sync, schema_errors
 from journal.errors import InvalidArgument
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
@@ -53,11 +52,6 @@ _log = logging.getLogger("slicejournal.projections.spark")
 SPARK_GROUP = 1000
 _TRIGGERS = ("processingTime", "once", "availableNow")
 _STAGING_COMMENT = "slicejournal rebuild staging for projection "
-
-
-def _connect(dsn: str, settings: JournalSettings) -> contextlib.closing[Connection[Any]]:
-    timeout = settings.connect_timeout_seconds
-    return contextlib.closing(connect_sync(dsn, connect_timeout=timeout))
 
 
 def _check_common(
@@ -140,7 +134,7 @@ def store_start(
 ) -> datetime | None:
     """Where the offset store says a run over `slice_range` resumes (None: the start)."""
     dao = SyncOffsetDao(Tables(settings), name)
-    with _connect(dsn, settings) as conn, schema_errors(Tables(settings)):
+    with open_sync(dsn, settings) as conn, schema_errors(Tables(settings)):
         records = dao.load(conn, slice_range)
     offset = OffsetState(ProjectionSettings().time_window, records).start_offset(slice_range)
     return None if offset is None else offset.timestamp
@@ -278,7 +272,7 @@ def rebuild(
     settings = settings or JournalSettings()
     ranges = split_range(slice_range, num_partitions)
     staging = _staging_schema(settings, name)
-    with _connect(dsn, settings) as conn:
+    with open_sync(dsn, settings) as conn:
         targets = _resolve_tables(conn, tables)
         if up_to is None:
             row = conn.execute("SELECT transaction_timestamp()").fetchone()
@@ -301,14 +295,14 @@ def rebuild(
     leases.acquire(lease_wait)
     try:
         leases.keep_alive(lambda: True, lambda: None)
-        with _connect(dsn, settings) as conn, conn.transaction():
+        with open_sync(dsn, settings) as conn, conn.transaction():
             _create_staging(conn, staging, name, targets)
             dao = SyncOffsetDao(Tables(settings), stage_name)
-            conn.execute(dao.sql.clear(slice_range).query, dao.sql.clear(slice_range).params)
+            dao.clear(conn, slice_range)
         df = spark.read.format("slicejournal").options(**options).load()
         sink = attrs.evolve(sink, fences=leases.fences)
         df.write.format(_writer_format(spark, sink)).mode("append").save()
-        with _connect(dsn, settings) as conn, conn.transaction():
+        with open_sync(dsn, settings) as conn, conn.transaction():
             events = _swap(
                 conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to
             )
@@ -391,8 +385,7 @@ def _swap(
             sql.SQL("INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM {}").format(live, copy)
         )
     dao = SyncOffsetDao(t, name)
-    clear = dao.sql.clear(slice_range)
-    conn.execute(clear.query, clear.params)
+    dao.clear(conn, slice_range)
     moved = conn.execute(
         sql.SQL(
             "UPDATE {} SET projection_name = %s WHERE projection_name = %s RETURNING seq_nr > 0"

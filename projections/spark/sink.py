@@ -21,7 +21,6 @@ pointing at the staging schema.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -35,7 +34,7 @@ import pyarrow.compute as pc
 from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
-from journal.connection import connect_sync
+from journal.connection import open_sync
 from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.query import sql as journal_sql
 from journal.rows import row_to_envelope
@@ -113,8 +112,7 @@ class PartitionSink:
         r = self.range_of(first)
         fence = next((f for f in self.fences if f.slice_range == r), None)
         run = _PartitionRun(self, r, fence)
-        timeout = self.settings.connect_timeout_seconds
-        with contextlib.closing(connect_sync(self.dsn, connect_timeout=timeout)) as conn:
+        with open_sync(self.dsn, self.settings) as conn:
             run.start(conn)
             if self.transaction_per_batch:
                 run.apply(conn, [first])

@@ -12,7 +12,6 @@ in exactly one, and its events arrive in seq_nr order within it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -40,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from journal.connection import connect_sync, schema_errors
+from journal.connection import open_sync, schema_errors
 from journal.model import EPOCH
 from journal.slices import SliceRange
 from journal.tables import Tables
@@ -75,9 +74,8 @@ def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
     options = plan.options
     tables = Tables(options.settings)
     statement, params = q.partition_rows(plan)
-    timeout = options.settings.connect_timeout_seconds
     with (
-        contextlib.closing(connect_sync(options.dsn, connect_timeout=timeout)) as conn,
+        open_sync(options.dsn, options.settings) as conn,
         conn.transaction(),
         conn.cursor(name=f"slicejournal_spark_{next(_cursor_ids)}") as cur,
         schema_errors(tables),
@@ -88,9 +86,8 @@ def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
 
 
 def _query_one(options: SourceOptions, statement: Any, params: Any) -> tuple[Any, ...]:
-    timeout = options.settings.connect_timeout_seconds
     with (
-        contextlib.closing(connect_sync(options.dsn, connect_timeout=timeout)) as conn,
+        open_sync(options.dsn, options.settings) as conn,
         schema_errors(Tables(options.settings)),
     ):
         row = conn.execute(statement, params).fetchone()
