@@ -87,6 +87,35 @@ def cmd_spark_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_spark_demo(resolve_dsn(args.dsn), _settings(args), args))
 
 
+def _add_demo_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    dsn: argparse.ArgumentParser,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    schema: str,
+    events: int,
+    events_help: str,
+    help: str,
+    description: str,
+) -> None:
+    """A demo command: its own schema, and how many accounts, events and writers."""
+    p = sub.add_parser(name, parents=[dsn], help=help, description=description)
+    p.add_argument(
+        "--schema",
+        default=schema,
+        help=f"the demo's own schema (default: {schema}); created by the demo, "
+        "reset on every run, any other existing schema is refused",
+    )
+    p.add_argument("--accounts", type=_bounded_int(1, 100_000), default=200,
+                   help="number of accounts (1..100000, default 200)")  # fmt: skip
+    p.add_argument("--events", type=_bounded_int(10, 1_000_000), default=events,
+                   help=events_help)  # fmt: skip
+    p.add_argument("--writers", type=_bounded_int(1, 64), default=8,
+                   help="concurrent writers (1..64, default 8)")  # fmt: skip
+    p.set_defaults(func=func)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicejournal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,48 +133,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_init = sub.add_parser("init", parents=[dsn], help="create tables (idempotent)")
     p_init.add_argument("--schema", default="public", help="schema name (default: public)")
     p_init.set_defaults(func=cmd_init)
-    p_demo = sub.add_parser(
-        "demo",
-        parents=[dsn],
+    _add_demo_parser(
+        sub, dsn, "demo", cmd_demo, schema=DEMO_SCHEMA, events=4000,
+        events_help="events to write (10..1000000, default 4000)",
         help="run the bank-account demo",
         description="Writes bank-account events while a projection keeps a balances table, "
         "rescaled 4 -> 8 -> 2, then verifies it. Runs only in a schema of its own, which it "
         "creates and resets on every run; it refuses any other schema.",
-    )
-    p_demo.add_argument(
-        "--schema",
-        default=DEMO_SCHEMA,
-        help=f"the demo's own schema (default: {DEMO_SCHEMA}); created by the demo, "
-        "reset on every run, any other existing schema is refused",
-    )
-    p_demo.add_argument("--accounts", type=_bounded_int(1, 100_000), default=200,
-                        help="number of accounts (1..100000, default 200)")  # fmt: skip
-    p_demo.add_argument("--events", type=_bounded_int(10, 1_000_000), default=4000,
-                        help="events to write (10..1000000, default 4000)")  # fmt: skip
-    p_demo.add_argument("--writers", type=_bounded_int(1, 64), default=8,
-                        help="concurrent writers (1..64, default 8)")  # fmt: skip
-    p_demo.set_defaults(func=cmd_demo)
-    p_spark = sub.add_parser(
-        "spark-demo",
-        parents=[dsn],
+    )  # fmt: skip
+    _add_demo_parser(
+        sub, dsn, "spark-demo", cmd_spark_demo, schema=SPARK_DEMO_SCHEMA, events=20_000,
+        events_help="events, half before Spark runs (default 20000)",
         help="run the bank-account demo on a local Apache Spark (needs slicejournal[spark])",
         description="Backfills the balances projection on local Spark (exactly once), rebuilds "
         "it on Spark and swaps it in, then hands it to the in-process runner while more events "
         "are written, and verifies the read model. Runs only in a schema of its own.",
-    )
-    p_spark.add_argument(
-        "--schema",
-        default=SPARK_DEMO_SCHEMA,
-        help=f"the demo's own schema (default: {SPARK_DEMO_SCHEMA}); created by the demo, "
-        "reset on every run, any other existing schema is refused",
-    )
-    p_spark.add_argument("--accounts", type=_bounded_int(1, 100_000), default=200,
-                         help="number of accounts (1..100000, default 200)")  # fmt: skip
-    p_spark.add_argument("--events", type=_bounded_int(10, 1_000_000), default=20_000,
-                         help="events, half before Spark runs (default 20000)")  # fmt: skip
-    p_spark.add_argument("--writers", type=_bounded_int(1, 64), default=8,
-                         help="concurrent writers (1..64, default 8)")  # fmt: skip
-    p_spark.set_defaults(func=cmd_spark_demo)
+    )  # fmt: skip
     add_server_parser(sub)
     add_fleet_parsers(sub, dsn, _bounded_int)
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -211,6 +211,82 @@ LEASE_TTL = 3.0
 WORKERS = 3
 
 
+@contextlib.asynccontextmanager
+async def demo_journal(
+    dsn: str | None, settings: JournalSettings
+) -> AsyncIterator[tuple[Journal, BalancesReadModel]]:
+    """The demo's journal in the schema it claimed (checked before anything is written),
+    with the read model's tables created."""
+    async with Journal.connect(
+        dsn, settings, serializers=bank_serializers(), create_schema=False, check_schema=False
+    ) as journal:
+        print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
+        async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
+            await claim_demo_schema(conn, settings, (READ_MODEL_TABLE, APPLIED_TABLE))
+        await journal.create_schema()
+        model = BalancesReadModel(settings.schema)
+        async with journal.pool.connection() as conn:
+            await model.create(conn)
+        yield journal, model
+
+
+@attrs.frozen
+class Verification:
+    """The read model checked against the aggregates and a replay of the journal."""
+
+    missing: int
+    mismatches: int
+    replay_events: int
+    replay_seconds: float
+
+
+class BankWorkload:
+    """Concurrent bank-account aggregates and the balances they say they hold."""
+
+    def __init__(self, journal: Journal, accounts: int) -> None:
+        self.repo: AggregateRepository[Account, Any] = AggregateRepository(
+            journal, initial=Account, evolve=evolve, snapshot_every=20
+        )
+        self.pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(accounts)]
+        self.expected: dict[str, int] = {}
+        self.written = 0
+
+    async def write(
+        self,
+        count: int,
+        writers: int,
+        *,
+        seed: int = 0,
+        on_write: Callable[[int], None] | None = None,
+    ) -> None:
+        """`count` commands spread over `writers` concurrent writers; `on_write(written)`
+        after each."""
+
+        async def writer(rng: random.Random, n: int) -> None:
+            for _ in range(n):
+                pid = rng.choice(self.pids)
+                loaded = await self.repo.update(pid, decide(rng))
+                self.expected[pid] = loaded.state.balance
+                self.written += 1
+                if on_write is not None:
+                    on_write(self.written)
+
+        shares = split_evenly(count, writers)
+        await asyncio.gather(*(writer(random.Random(seed + i), n) for i, n in enumerate(shares)))
+
+    async def verify(self, journal: Journal, model: BalancesReadModel) -> Verification:
+        async with journal.pool.connection() as conn:
+            balances = await model.balances(conn)
+            missing = await model.missing(conn, journal.tables.journal)
+        replayed, replay_events, replay_s = await _replay(journal)
+        mismatches = sum(
+            1
+            for pid, balance in self.expected.items()
+            if balances.get(pid) != balance or replayed.get(pid) != balance
+        )
+        return Verification(missing, mismatches, replay_events, replay_s)
+
+
 def split_evenly(total: int, parts: int) -> list[int]:
     """`total` as `parts` counts that differ by at most one."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
@@ -273,17 +349,7 @@ def _table(status: FleetStatus) -> str:
 
 
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
-    # The schema is checked (and claimed) below, before anything is written.
-    async with Journal.connect(
-        dsn, settings, serializers=bank_serializers(), create_schema=False, check_schema=False
-    ) as journal:
-        print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
-        async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
-            await claim_demo_schema(conn, settings, (READ_MODEL_TABLE, APPLIED_TABLE))
-        await journal.create_schema()
-        model = BalancesReadModel(settings.schema)
-        async with journal.pool.connection() as conn:
-            await model.create(conn)
+    async with demo_journal(dsn, settings) as (journal, model):
         fleet = DemoFleet(journal.dsn, settings.schema)
         try:
             ok = await _run(journal, model, fleet, args)
@@ -305,28 +371,16 @@ async def _run(
     journal: Journal, model: BalancesReadModel, fleet: DemoFleet, args: argparse.Namespace
 ) -> bool:
     control = FleetControl(journal)
-    repo: AggregateRepository[Account, Any] = AggregateRepository(
-        journal, initial=Account, evolve=evolve, snapshot_every=20
-    )
-    pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(args.accounts)]
-    expected: dict[str, int] = {}
-    written = 0
+    bank = BankWorkload(journal, args.accounts)
     total = args.events
     # At a quarter of the events: 4 -> 8 ranges; at half: 8 -> 2; at three quarters
     # a worker is killed.
     milestones = [(total * k // 4, asyncio.Event()) for k in (1, 2, 3)]
 
-    async def writer(seed: int, count: int) -> None:
-        nonlocal written
-        rng = random.Random(seed)
-        for _ in range(count):
-            pid = rng.choice(pids)
-            loaded = await repo.update(pid, decide(rng))
-            expected[pid] = loaded.state.balance
-            written += 1
-            for threshold, reached in milestones:
-                if written >= threshold:
-                    reached.set()
+    def mark(written: int) -> None:
+        for threshold, reached in milestones:
+            if written >= threshold:
+                reached.set()
 
     workers = [f"demo-w{i}" for i in range(1, WORKERS + 1)]
     for worker_id in workers:
@@ -337,8 +391,7 @@ async def _run(
     status = await _converged(control, lambda s: len(s.workers) == WORKERS)
     print(f"start    4 ranges on {WORKERS} workers, balanced\n{_table(status)}")
     live = asyncio.create_task(_live_table(control, started))
-    shares = split_evenly(total, args.writers)
-    writers = asyncio.gather(*(writer(i, n) for i, n in enumerate(shares)))
+    writers = asyncio.ensure_future(bank.write(total, args.writers, on_write=mark))
     failover = 0.0
     try:
         for (_, milestone), action in zip(milestones, (8, 2, "kill"), strict=True):
@@ -347,7 +400,7 @@ async def _run(
             reached.cancel()
             if writers.done() and writers.exception() is not None:
                 await writers  # raises the writer's error
-            at, before = written, time.perf_counter()
+            at, before = bank.written, time.perf_counter()
             if action == "kill":
                 victim = status.ranges[0].owner or workers[0]
                 owned = [str(r.slice_range) for r in status.ranges if r.owner == victim]
@@ -366,24 +419,19 @@ async def _run(
                   f"{_table(status)}")  # fmt: skip
         await writers
         write_s = time.perf_counter() - started
-        rows, distinct = await _wait_projected(journal, model, written)
+        rows, distinct = await _wait_projected(journal, model, bank.written)
         project_s = time.perf_counter() - started
     finally:
         live.cancel()
         if not writers.done():
             writers.cancel()
     async with journal.pool.connection() as conn:
-        balances = await model.balances(conn)
-        missing = await model.missing(conn, journal.tables.journal)
         p50, p99 = await model.lag_ms(conn)
-    replayed, replay_events, replay_s = await _replay(journal)
-    mismatches = sum(
-        1
-        for pid, balance in expected.items()
-        if balances.get(pid) != balance or replayed.get(pid) != balance
-    )
-    print(f"write    {written} events, {len(expected)} accounts, {args.writers} writers: "
-          f"{written / write_s:.0f} events/s, {repo.snapshots_saved} snapshots")  # fmt: skip
+    checked = await bank.verify(journal, model)
+    written, replay_events, replay_s = bank.written, checked.replay_events, checked.replay_seconds
+    missing, mismatches = checked.missing, checked.mismatches
+    print(f"write    {written} events, {len(bank.expected)} accounts, {args.writers} writers: "
+          f"{written / write_s:.0f} events/s, {bank.repo.snapshots_saved} snapshots")  # fmt: skip
     print(f"project  grouped exactly-once on {WORKERS} worker processes, 4 -> 8 -> 2 ranges and "
           f"a failover: {distinct / project_s:.0f} events/s, lag p50 {p50:.0f} ms, "
           f"p99 {p99:.0f} ms")  # fmt: skip

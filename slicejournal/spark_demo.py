@@ -13,49 +13,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import tempfile
 import time
 from typing import Any
 
-import psycopg
-
-from journal.aggregate import AggregateRepository
-from journal.dsn import display_dsn
 from journal.errors import JournalError
-from journal.journal import Journal
 from journal.settings import JournalSettings
-from journal.slices import PersistenceId, SliceRange
+from journal.slices import SliceRange
 from slicejournal.demo import (
     APPLIED_TABLE,
     ENTITY_TYPE,
     PROJECTION,
     READ_MODEL_TABLE,
-    Account,
     BalancesReadModel,
-    _replay,
+    BankWorkload,
     _wait_projected,
     balances_projection,
     bank_serializers,
-    decide,
-    evolve,
-    split_evenly,
+    demo_journal,
 )
-from slicejournal.demo_schema import claim_demo_schema
-
-
-async def _write(
-    repo: AggregateRepository[Account, Any], pids: list[str], expected: dict[str, int],
-    count: int, writers: int, seed: int,
-) -> None:  # fmt: skip
-    async def writer(rng: random.Random, n: int) -> None:
-        for _ in range(n):
-            pid = rng.choice(pids)
-            loaded = await repo.update(pid, decide(rng))
-            expected[pid] = loaded.state.balance
-
-    shares = split_evenly(count, writers)
-    await asyncio.gather(*(writer(random.Random(seed + i), n) for i, n in enumerate(shares)))
 
 
 async def run_spark_demo(
@@ -63,25 +39,12 @@ async def run_spark_demo(
 ) -> int:
     from projections.spark import local_session, project, rebuild
 
-    async with Journal.connect(
-        dsn, settings, serializers=bank_serializers(), create_schema=False, check_schema=False
-    ) as journal:
-        print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
-        async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
-            await claim_demo_schema(conn, settings, (READ_MODEL_TABLE, APPLIED_TABLE))
-        await journal.create_schema()
-        model = BalancesReadModel(settings.schema)
-        async with journal.pool.connection() as conn:
-            await model.create(conn)
-        repo: AggregateRepository[Account, Any] = AggregateRepository(
-            journal, initial=Account, evolve=evolve, snapshot_every=20
-        )
-        pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(args.accounts)]
-        expected: dict[str, int] = {}
+    async with demo_journal(dsn, settings) as (journal, model):
+        bank = BankWorkload(journal, args.accounts)
         backfill = args.events // 2
         started = time.perf_counter()
-        await _write(repo, pids, expected, backfill, args.writers, seed=1)
-        print(f"write    {backfill} events, {len(expected)} accounts, {args.writers} writers "
+        await bank.write(backfill, args.writers, seed=1)
+        print(f"write    {backfill} events, {len(bank.expected)} accounts, {args.writers} writers "
               f"in {time.perf_counter() - started:.1f} s")  # fmt: skip
 
         started = time.perf_counter()
@@ -125,7 +88,7 @@ async def run_spark_demo(
         live = balances_projection(journal, SliceRange(0, 1023))
         task = asyncio.create_task(live.run())
         more = args.events - backfill
-        await _write(repo, pids, expected, more, args.writers, seed=1000)
+        await bank.write(more, args.writers, seed=1000)
         rows, distinct = await _wait_projected(journal, model, args.events)
         await live.stop()
         await task
@@ -133,18 +96,15 @@ async def run_spark_demo(
               f"events were written: {live.stats.accepted} applied, "
               f"{live.stats.duplicates} re-read and dropped")  # fmt: skip
 
-        async with journal.pool.connection() as conn:
-            balances = await model.balances(conn)
-            missing = await model.missing(conn, journal.tables.journal)
-        replayed, replay_events, _ = await _replay(journal)
-        mismatches = sum(
-            1
-            for pid, balance in expected.items()
-            if balances.get(pid) != balance or replayed.get(pid) != balance
-        )
+        checked = await bank.verify(journal, model)
+        missing, mismatches = checked.missing, checked.mismatches
         twice = rows - distinct
         print(f"verify   events written={args.events} projected={distinct} "
               f"applied twice={twice} missing={missing} mismatches={mismatches}")  # fmt: skip
-        ok = mismatches == 0 and missing == 0 and rows == distinct == args.events == replay_events
+        ok = (
+            mismatches == 0
+            and missing == 0
+            and rows == distinct == args.events == checked.replay_events
+        )
         print("OK" if ok else "FAILED")
         return 0 if ok else 1

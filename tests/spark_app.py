@@ -12,14 +12,16 @@ from psycopg import Connection, sql
 from journal import EventEnvelope
 
 
-def _apply(schema: str, conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+def _apply(schema: str | None, conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+    # schema None: unqualified names, resolved by search_path (what a rebuild needs).
+    qualify = (schema,) if schema is not None else ()
     applied = sql.SQL("INSERT INTO {} (pid, seq_nr) VALUES (%s, %s)").format(
-        sql.Identifier(schema, "applied")
+        sql.Identifier(*qualify, "applied")
     )
     balance = sql.SQL(
         "INSERT INTO {b} (pid, balance) VALUES (%s, %s) "
-        "ON CONFLICT (pid) DO UPDATE SET balance = {b}.balance + excluded.balance"
-    ).format(b=sql.Identifier(schema, "balances"))
+        "ON CONFLICT (pid) DO UPDATE SET balance = {t}.balance + excluded.balance"
+    ).format(b=sql.Identifier(*qualify, "balances"), t=sql.Identifier("balances"))
     with conn.cursor() as cur:
         cur.executemany(applied, [(e.persistence_id, e.seq_nr) for e in envs])
         cur.executemany(balance, [(e.persistence_id, e.event["amount"]) for e in envs])
@@ -30,22 +32,9 @@ def bank_handler(schema: str) -> Any:
     return functools.partial(_apply, schema)
 
 
-def _apply_unqualified(conn: Connection[Any], envs: list[EventEnvelope]) -> None:
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO applied (pid, seq_nr) VALUES (%s, %s)",
-            [(e.persistence_id, e.seq_nr) for e in envs],
-        )
-        cur.executemany(
-            "INSERT INTO balances (pid, balance) VALUES (%s, %s) "
-            "ON CONFLICT (pid) DO UPDATE SET balance = balances.balance + excluded.balance",
-            [(e.persistence_id, e.event["amount"]) for e in envs],
-        )
-
-
 def unqualified_handler() -> Any:
     """The bank handler naming its tables unqualified (what a rebuild needs)."""
-    return _apply_unqualified
+    return functools.partial(_apply, None)
 
 
 def _apply_or_die(
