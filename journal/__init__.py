@@ -37,7 +37,12 @@ from journal.serialization import (
     Serializer,
     SerializerRegistry,
 )
-from journal.settings import BacktrackingSettings, JournalSettings, QuerySettings
+from journal.settings import (
+    BacktrackingSettings,
+    HorizonSettings,
+    JournalSettings,
+    QuerySettings,
+)
 from journal.slices import (
     NUMBER_OF_SLICES,
     PersistenceId,
@@ -76,6 +81,7 @@ __all__ = [
     "DeserializationError",
     "EmbeddedServerError",
     "EventEnvelope",
+    "HorizonSettings",
     "InvalidArgument",
     "InvalidPersistenceId",
     "InvalidSettings",

@@ -206,9 +206,17 @@ def ensure_schema_sync(conn: Connection[Any], tables: Tables) -> None:
         raise _schema_missing(conn, tables)
 
 
-def _pool_kwargs(settings: JournalSettings, name: str) -> dict[str, Any]:
+def _pool_kwargs(
+    settings: JournalSettings, name: str, application_name: str | None
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "connect_timeout": settings.connect_timeout_seconds,
+    }
+    if application_name is not None:
+        kwargs["application_name"] = application_name
     return {
-        "kwargs": {"autocommit": True, "connect_timeout": settings.connect_timeout_seconds},
+        "kwargs": kwargs,
         "min_size": settings.pool_min_size,
         "max_size": settings.pool_max_size,
         "open": False,
@@ -227,8 +235,11 @@ def _pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Excepti
 class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
     """A connection pool whose connections time out on connect and whose errors are typed."""
 
-    def __init__(self, dsn: str, settings: JournalSettings, name: str) -> None:
-        super().__init__(dsn, **_pool_kwargs(settings, name))
+    def __init__(
+        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
+    ) -> None:
+        """`application_name` names the server sessions (the read pools' mark them as readers)."""
+        super().__init__(dsn, **_pool_kwargs(settings, name, application_name))
         self._dsn = dsn
         self._tables = Tables(settings)
         self._where = where_of(parse_dsn(dsn))
@@ -257,8 +268,11 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
 class SyncJournalPool(ConnectionPool[Connection[Any]]):
     """`JournalPool` for the synchronous driver."""
 
-    def __init__(self, dsn: str, settings: JournalSettings, name: str) -> None:
-        super().__init__(dsn, **_pool_kwargs(settings, name))
+    def __init__(
+        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
+    ) -> None:
+        """`application_name` names the server sessions (the read pools' mark them as readers)."""
+        super().__init__(dsn, **_pool_kwargs(settings, name, application_name))
         self._dsn = dsn
         self._tables = Tables(settings)
         self._where = where_of(parse_dsn(dsn))

@@ -22,6 +22,7 @@ from journal.notifications import NotificationListener, Notifier
 from journal.query import sql as q
 from journal.query.by_persistence_id import PersistenceIdQueries, check_seq_range
 from journal.query.by_slice import check_slice_query
+from journal.query.horizon import READER_APPLICATION
 from journal.query.reader import SliceReader
 from journal.rows import row_to_envelope
 from journal.schema import apply_schema
@@ -51,7 +52,9 @@ class Journal:
         self.pool = JournalPool(dsn, settings, "slicejournal")
         # Slice streams hold a connection while a catch-up chunk is consumed;
         # their own pool keeps them from starving writers and handlers.
-        self.read_pool = JournalPool(dsn, settings, "slicejournal-read")
+        self.read_pool = JournalPool(
+            dsn, settings, "slicejournal-read", application_name=READER_APPLICATION
+        )
         channel = self.tables.notify_channel
         self._notifier = Notifier(channel, self._connect) if settings.notify else None
         self._listener = (

@@ -90,6 +90,28 @@ class BacktrackingSettings:
 
 
 @attrs.frozen
+class HorizonSettings:
+    """The exact visibility horizon of live slice queries (see `journal.query.horizon`).
+
+    PostgreSQL knows which transactions are still open, so a live query reads
+    only up to the start of the oldest one that may still write to the journal
+    instead of guessing with `behind_current_time`.
+    """
+
+    # Read pg_stat_activity before each live query; off means Pekko's behaviour
+    # (stay behind_current_time behind the clock, backtracking catches late commits).
+    enabled: bool = True
+    # How far behind the horizon the query stays: covers the instant between a
+    # transaction taking its start time and PostgreSQL publishing it.
+    margin: timedelta = duration_field(timedelta(milliseconds=5))
+    # How long the tail waits for an open transaction that has not written to the
+    # journal (yet): an idle-in-transaction session holds it back at most this
+    # long. After that the stream moves on and, once that transaction ends,
+    # re-reads from its start (backtracking), so a late write is still delivered.
+    max_hold: timedelta = duration_field(timedelta(seconds=10), allow_zero=False)
+
+
+@attrs.frozen
 class QuerySettings:
     """Tuning of `events_by_slices` (Pekko's `query` section)."""
 
@@ -97,6 +119,7 @@ class QuerySettings:
     refresh_interval: timedelta = duration_field(timedelta(seconds=3), allow_zero=False)
     behind_current_time: timedelta = duration_field(timedelta(milliseconds=100))
     backtracking: BacktrackingSettings = attrs.field(factory=BacktrackingSettings)
+    horizon: HorizonSettings = attrs.field(factory=HorizonSettings)
     # Bucket counts (10 s each) used to bound catch-up scans; how many to fetch at once.
     bucket_limit: int = attrs.field(default=10_000, validator=_positive_int)
     # Emit heartbeat envelopes after this long without events (projection runners ask for them).

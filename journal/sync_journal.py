@@ -28,7 +28,7 @@ from psycopg import Connection
 
 from journal.connection import SyncJournalPool, connect_sync, ensure_schema_sync
 from journal.dsn import database
-from journal.errors import ConcurrencyError, InvalidArgument
+from journal.errors import ConcurrencyError, InvalidArgument, ProtocolError
 from journal.model import EventEnvelope, Snapshot, TimestampOffset, heartbeat_envelope
 from journal.notifications import bucket_bit, encode_payload
 from journal.query import sql as q
@@ -38,10 +38,12 @@ from journal.query.by_slice import (
     BySliceQuery,
     Done,
     HeartbeatDue,
+    HorizonQuery,
     RowsQuery,
     Wait,
     check_slice_query,
 )
+from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
 from journal.rows import row_to_envelope
 from journal.schema import apply_schema_sync
 from journal.serialization import SerializerRegistry
@@ -73,8 +75,11 @@ class SyncJournal:
         self.tables = Tables(settings)
         self.pool = SyncJournalPool(dsn, settings, "slicejournal-sync")
         # Slice streams hold a connection while a chunk is consumed: their own pool.
-        self.read_pool = SyncJournalPool(dsn, settings, "slicejournal-sync-read")
+        self.read_pool = SyncJournalPool(
+            dsn, settings, "slicejournal-sync-read", application_name=READER_APPLICATION
+        )
         self._writer = WriterSql.of(self.tables)
+        self._blind = BlindWarning()
         self._snapshots = SnapshotSql.of(self.tables)
 
     # -- lifecycle --------------------------------------------------------
@@ -373,6 +378,15 @@ class SyncJournal:
             elif isinstance(request, HeartbeatDue):
                 hb = machine.on_heartbeat(self.database_time(), time.monotonic())
                 yield heartbeat_envelope(entity_type, min_slice, hb)
+            elif isinstance(request, HorizonQuery):
+                statement, params = q.horizon(self.tables, READER_APPLICATION)
+                with self.read_pool.connection() as conn:
+                    row = conn.execute(statement, params).fetchone()
+                if row is None:  # pragma: no cover - an aggregate returns a row
+                    raise ProtocolError("the horizon query returned no row")
+                reading = horizon_from_row(row)
+                self._blind.note(reading)
+                machine.on_horizon(reading)
             elif isinstance(request, BucketsQuery):
                 statement, params = q.slice_buckets(
                     self.tables, entity_type, min_slice, max_slice, request,

@@ -25,11 +25,13 @@ from journal.query.by_slice import (
     BySliceQuery,
     Done,
     HeartbeatDue,
+    HorizonQuery,
     RowsQuery,
     Wait,
     bucket_start,
 )
-from journal.settings import BacktrackingSettings
+from journal.query.horizon import Blind, Horizon, OpenTransaction
+from journal.settings import BacktrackingSettings, HorizonSettings
 
 BASE = EPOCH + timedelta(days=20000)
 
@@ -44,6 +46,9 @@ class Ev:
     seq_nr: int
     ts: float  # db_timestamp, seconds after BASE
     commit: float  # when it becomes visible
+    # When its transaction takes the journal's write lock (None: at `ts`); before
+    # that it is an open transaction that has not written yet.
+    writes_from: float | None = None
 
 
 def row(ev: Ev) -> tuple[Any, ...]:
@@ -60,6 +65,19 @@ class Model:
     def visible(self, now: float) -> list[Ev]:
         return [e for e in self.events if e.commit <= now]
 
+    def horizon(self, now: float) -> Horizon:
+        """The open transactions at `now`: one per (pid, start, commit) still uncommitted.
+
+        Its start is the events' db_timestamp, as with transaction_timestamp().
+        """
+        open_: dict[tuple[str, float, float], OpenTransaction] = {}
+        for e in self.events:
+            key = (e.pid, e.ts, e.commit)
+            if e.ts <= now < e.commit and key not in open_:
+                writes = now >= (e.ts if e.writes_from is None else e.writes_from)
+                open_[key] = OpenTransaction(len(open_) + hash(key) % 10_000, at(e.ts), writes)
+        return Horizon(at(now), tuple(open_.values()))
+
     def rows(self, q: RowsQuery, now: float) -> list[Ev]:
         out = []
         for e in self.visible(now):
@@ -73,6 +91,8 @@ class Model:
             if q.until_exclusive is not None and ts >= q.until_exclusive:
                 continue
             if q.behind_current_time is not None and ts >= at(now) - q.behind_current_time:
+                continue
+            if q.horizon is not None and ts >= q.horizon:
                 continue
             out.append(e)
         return out if q.limit is None else out[: q.limit]
@@ -120,6 +140,8 @@ def drive(
             now = req.until
         elif isinstance(req, HeartbeatDue):
             machine.on_heartbeat(at(now), now)
+        elif isinstance(req, HorizonQuery):
+            machine.on_horizon(model.horizon(now))
         elif isinstance(req, BucketsQuery):
             machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
         else:
@@ -144,6 +166,11 @@ def fast(**kw: Any) -> QuerySettings:
     }
     base.update(kw)
     return QuerySettings(**base)
+
+
+def pekko(**kw: Any) -> QuerySettings:
+    """`fast` without the horizon: behind the clock, as Pekko's query (and the fallback)."""
+    return fast(horizon=HorizonSettings(enabled=False), **kw)
 
 
 # -- generated histories -----------------------------------------------------
@@ -270,6 +297,9 @@ def test_catch_up_scans_are_bounded_by_bucket_counts() -> None:
     scanned: list[int] = []
     while True:
         req = machine.next_request(now)
+        if isinstance(req, HorizonQuery):
+            machine.on_horizon(model.horizon(now))
+            continue
         if isinstance(req, BucketsQuery):
             machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
             continue
@@ -301,6 +331,8 @@ def test_backtracking_starts_window_before_latest_and_never_passes_it() -> None:
         req = machine.next_request(now)
         if isinstance(req, Wait):
             now = req.until
+        elif isinstance(req, HorizonQuery):
+            machine.on_horizon(model.horizon(now))
         elif isinstance(req, BucketsQuery):
             machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
         elif isinstance(req, RowsQuery):
@@ -318,7 +350,7 @@ def test_backtracking_starts_window_before_latest_and_never_passes_it() -> None:
 
 
 def test_poll_delay_adapts_to_how_full_the_last_result_was() -> None:
-    machine = BySliceQuery(fast(buffer_size=10), now=0.0)
+    machine = BySliceQuery(pekko(buffer_size=10), now=0.0)
     machine.next_request(0.0)
     machine.on_buckets([])
     q = machine.next_request(0.0)
@@ -331,7 +363,7 @@ def test_poll_delay_adapts_to_how_full_the_last_result_was() -> None:
 
 
 def test_notification_shortens_the_wait_to_behind_current_time() -> None:
-    machine = BySliceQuery(fast(), now=0.0)
+    machine = BySliceQuery(pekko(), now=0.0)
     machine.next_request(0.0)
     machine.on_buckets([])
     machine.next_request(0.0)
@@ -345,7 +377,7 @@ def test_notification_shortens_the_wait_to_behind_current_time() -> None:
 
 
 def test_heartbeat_when_idle() -> None:
-    machine = BySliceQuery(fast(heartbeat_interval=2.0), heartbeats=True, now=0.0)
+    machine = BySliceQuery(pekko(heartbeat_interval=2.0), heartbeats=True, now=0.0)
     out = drive(machine, Model([]), start=0.0, until=1.9)
     assert out == []
     assert isinstance(machine.next_request(2.5), HeartbeatDue)
@@ -358,7 +390,7 @@ def test_heartbeat_when_idle() -> None:
 def test_a_heartbeat_never_passes_a_row_not_yet_read() -> None:
     """A heartbeat falling due before the next poll must not claim rows written since the
     last one (a progress marker at its offset would skip them after a restart)."""
-    machine = BySliceQuery(fast(heartbeat_interval=2.0), heartbeats=True, now=0.0)
+    machine = BySliceQuery(pekko(heartbeat_interval=2.0), heartbeats=True, now=0.0)
     model = Model([Ev("a", 1, 1.2, 1.2)])  # written after the poll at 1.0
     assert drive(machine, model, start=0.0, until=1.99) == []
     assert isinstance(machine.next_request(2.0), HeartbeatDue)
@@ -409,3 +441,167 @@ def test_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None
     text = caplog.text
     for decision in ("catch-up bound", "waiting", "switching to backtracking", "backtracking ends"):
         assert decision in text, decision
+
+
+# -- the visibility horizon ----------------------------------------------------
+
+
+@st.composite
+def long_transactions(draw: st.DrawFn) -> list[Ev]:
+    """Histories whose transactions stay open for any length (far past backtracking's
+    10 s and its window), some idle before their first write, next to short ones."""
+    n_pids = draw(st.integers(1, 6))
+    events: list[Ev] = []
+    seq = dict.fromkeys(range(n_pids), 0)
+    busy_until = dict.fromkeys(range(n_pids), 0.0)  # one open transaction per pid at a time
+    t = 0.0
+    for _ in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0.0, 0.001, 0.05, 0.5, 2.0, 15.0]))
+        p = draw(st.integers(0, n_pids - 1))
+        ts = max(t, busy_until[p] + 0.000001)
+        length = draw(st.sampled_from([0.0, 0.002, 1.0, 7.0, 20.0, 90.0, 200.0]))
+        idle = draw(st.sampled_from([None, None, 0.5, 0.95]))  # first write, as a fraction
+        writes_from = None if idle is None else ts + idle * length
+        busy_until[p] = ts + length
+        for _ in range(draw(st.integers(1, 3))):
+            seq[p] += 1
+            events.append(Ev(f"p{p}", seq[p], ts, ts + length, writes_from))
+    return events
+
+
+def exact(**kw: Any) -> QuerySettings:
+    return fast(horizon=HorizonSettings(margin=0.005, max_hold=3.0), **kw)
+
+
+def assert_normal_envelopes_in_order(out: list[Emitted]) -> None:
+    normal = [o for o in out if o.source == "query"]
+    assert len({o.ev for o in normal}) == len(normal)
+    last_ts = EPOCH
+    for o in normal:
+        assert o.offset.timestamp >= last_ts
+        last_ts = o.offset.timestamp
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_transactions(), st.sampled_from([0.0, 0.01, 0.3]))
+def test_transactions_of_any_length_never_lose_an_event(events: list[Ev], step: float) -> None:
+    machine = BySliceQuery(exact(), None, now=0.0)
+    end = max(e.commit for e in events) + 100
+    out = drive(machine, Model(events), start=0.0, until=end, step=step)
+    assert {o.ev for o in out} == {(e.pid, e.seq_nr) for e in events}
+    assert_normal_envelopes_in_order(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(long_transactions(), st.integers(1, 60), st.floats(0.0, 300.0))
+def test_a_stream_resumed_while_transactions_are_open_misses_nothing(
+    events: list[Ev], cut: int, stop: float
+) -> None:
+    """The first stream stops at any time; a new one resumes from its last offset
+    while older transactions are still open: the two deliver every event.
+
+    Except one case, which is reported, never silent: the first stream stopped
+    after a transaction it had not waited for ended and before it re-read for it.
+    """
+    model = Model(events)
+    machine = BySliceQuery(exact(), now=0.0)
+    first = drive(machine, model, start=0.0, until=stop, stop_after=cut)
+    offset = first[-1].offset if first else None
+    end = max(stop, *(e.commit for e in events)) + 100
+    resumed = drive(BySliceQuery(exact(), offset, now=stop), model, start=stop, until=end)
+    missed = {(e.pid, e.seq_nr): e.ts for e in events}.keys() - {o.ev for o in first + resumed}
+    if missed:
+        unfinished = machine.unfinished_reread
+        assert unfinished is not None
+        assert all(at(e.ts) >= unfinished for e in events if (e.pid, e.seq_nr) in missed)
+
+
+def test_without_the_horizon_a_long_transaction_is_missed() -> None:
+    """The failure the horizon removes: a 90 s transaction commits after backtracking
+    has passed its timestamp, so the query behind the clock never delivers it."""
+    events = [Ev("long", 1, 1.0, 91.0)] + [Ev(f"s{i}", 1, 2.0 + i, 2.0 + i) for i in range(80)]
+    delivered = {
+        settings_.horizon.enabled: {
+            o.ev
+            for o in drive(BySliceQuery(settings_, now=0.0), Model(events), start=0.0, until=300.0)
+        }
+        for settings_ in (pekko(), exact())
+    }
+    assert ("long", 1) not in delivered[False]
+    assert delivered[True] == {(e.pid, e.seq_nr) for e in events}
+
+
+def first_normal_query(machine: BySliceQuery, reading: Horizon, now: float) -> RowsQuery:
+    assert isinstance(machine.next_request(now), HorizonQuery)
+    machine.on_horizon(reading)
+    req = machine.next_request(now)
+    if isinstance(req, BucketsQuery):
+        machine.on_buckets([])
+        req = machine.next_request(now)
+    assert isinstance(req, RowsQuery) and not req.backtracking
+    return req
+
+
+def test_the_query_reads_up_to_the_oldest_open_writer_and_not_behind_the_clock() -> None:
+    machine = BySliceQuery(exact(), now=0.0)
+    writer = OpenTransaction(7, at(40.0), writes_journal=True)
+    req = first_normal_query(machine, Horizon(at(50.0), (writer,)), 50.0)
+    assert req.horizon == at(40.0) - timedelta(milliseconds=5)
+    assert req.behind_current_time is None
+    machine.on_rows_done(50.0)
+    # Held back by an open transaction: poll again soon, not after the refresh interval.
+    wait = machine.next_request(50.0)
+    assert isinstance(wait, Wait) and wait.until == pytest.approx(50.0 + 0.01)
+    # Nothing open: up to the clock minus the margin.
+    req = first_normal_query(machine, Horizon(at(51.0)), 51.0)
+    assert req.horizon == at(51.0) - timedelta(milliseconds=5)
+
+
+def test_an_idle_transaction_holds_the_tail_at_most_max_hold() -> None:
+    idle = OpenTransaction(3, at(10.0), writes_journal=False)
+    machine = BySliceQuery(exact(), now=0.0)
+    assert first_normal_query(machine, Horizon(at(12.0), (idle,)), 12.0).horizon == at(
+        10.0
+    ) - timedelta(milliseconds=5)
+    machine.on_rows_done(12.0)
+    machine.next_request(12.0)  # the wait
+    late = first_normal_query(machine, Horizon(at(13.5), (idle,)), 13.5)
+    assert late.horizon == at(13.5) - timedelta(milliseconds=5)  # 3.5 s open > max_hold 3 s
+
+
+def test_a_blind_reading_falls_back_to_staying_behind_the_clock() -> None:
+    machine = BySliceQuery(exact(), now=0.0)
+    reading = Horizon(at(5.0), (), Blind("hidden roles", "no privilege"))
+    req = first_normal_query(machine, reading, 5.0)
+    assert req.horizon is None
+    assert req.behind_current_time == timedelta(seconds=0.1)
+
+
+def test_with_the_horizon_a_notification_is_read_after_the_margin() -> None:
+    machine = BySliceQuery(exact(), now=0.0)
+    first_normal_query(machine, Horizon(at(0.0)), 0.0)
+    machine.on_rows_done(0.0)
+    assert isinstance(machine.next_request(0.0), Wait)
+    machine.on_notification(0.2)
+    wait = machine.next_request(0.2)
+    assert isinstance(wait, Wait)
+    assert wait.until == pytest.approx(0.2 + 0.005 + 0.005)
+
+
+def test_an_exact_heartbeat_stops_at_a_transaction_not_waited_for() -> None:
+    machine = BySliceQuery(exact(heartbeat_interval=2.0), heartbeats=True, now=10.0)
+    idle = OpenTransaction(3, at(1.0), writes_journal=False)
+    req = first_normal_query(machine, Horizon(at(10.0), (idle,)), 10.0)
+    assert req.horizon == at(10.0) - timedelta(milliseconds=5)  # not waited for: too old
+    machine.on_rows_done(10.0)
+    assert isinstance(machine.next_request(12.5), HeartbeatDue)
+    # Not past its start: a restart from this marker must still re-read for it.
+    assert machine.on_heartbeat(at(12.5), 12.5).timestamp == at(1.0)
+
+
+def test_an_exact_heartbeat_reaches_the_horizon_of_the_last_tail_query() -> None:
+    machine = BySliceQuery(exact(heartbeat_interval=2.0), heartbeats=True, now=10.0)
+    first_normal_query(machine, Horizon(at(10.0)), 10.0)
+    machine.on_rows_done(10.0)
+    assert isinstance(machine.next_request(12.5), HeartbeatDue)
+    assert machine.on_heartbeat(at(12.5), 12.5).timestamp == at(10.0) - timedelta(milliseconds=5)

@@ -20,6 +20,13 @@ writers in one transaction). A query resumes *at* the latest timestamp and
 excludes the (pid, seq_nr) pairs already emitted there, so even more than
 `buffer_size` rows at one timestamp never stall it.
 
+Why the horizon: with it (see `horizon.py`) a live query reads exactly up to
+where no row can still appear, instead of `behind_current_time` behind the
+clock, so a transaction of any length is never passed while it is open, and the
+tail is not held back when nothing is in flight. Before each live query the
+machine asks for a `HorizonQuery`; open transactions it does not wait for are
+remembered, and once one ends a backtracking run re-reads from its start.
+
 Why buckets: far behind the tail, `ORDER BY db_timestamp` over everything
 after the offset would sort the rest of the journal on every poll. Counts per
 10-second bucket give an upper timestamp that bounds each scan to about
@@ -38,6 +45,7 @@ import attrs
 
 from journal.errors import InvalidArgument, ProtocolError
 from journal.model import EPOCH, TimestampOffset
+from journal.query.horizon import Horizon, split
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
 from journal.settings import QuerySettings
 from journal.slices import SliceRange, validate_entity_type
@@ -52,6 +60,9 @@ BACKTRACKING_AFTER_BUFFERS = 3
 # After a notification, query once the notified event is older than
 # behind_current_time, plus this much for the trip to the server.
 NOTIFICATION_MARGIN = 0.005
+# While an open transaction holds the horizon back, poll again after this, doubling
+# up to the refresh interval: most such transactions are a few milliseconds long.
+HELD_POLL = 0.01
 
 
 @attrs.frozen
@@ -60,9 +71,10 @@ class RowsQuery:
 
     Rows with `db_timestamp >= from_timestamp` are read, except those at exactly
     `from_timestamp` whose seq_nr is <= `exclude[pid]`. `to_inclusive` and
-    `until_exclusive` bound the scan from above; live queries also stay
-    `behind_current_time` behind the database clock. `limit=None` means a
-    chunk bounded by `until_exclusive` that is streamed whole.
+    `until_exclusive` bound the scan from above; live queries also stay below
+    the visibility `horizon`, or, without one, `behind_current_time` behind
+    the database clock. `limit=None` means a chunk bounded by `until_exclusive`
+    that is streamed whole.
     """
 
     backtracking: bool
@@ -72,6 +84,7 @@ class RowsQuery:
     until_exclusive: datetime | None
     behind_current_time: timedelta | None
     limit: int | None
+    horizon: datetime | None = None
 
     @property
     def with_payload(self) -> bool:
@@ -85,6 +98,11 @@ class BucketsQuery:
     from_timestamp: datetime
     to_inclusive: datetime | None
     limit: int
+
+
+@attrs.frozen
+class HorizonQuery:
+    """Read the open transactions (`journal.query.sql.horizon`) and report `on_horizon`."""
 
 
 @attrs.frozen
@@ -104,7 +122,7 @@ class Done:
     """A `current` query has reached the database time at its start."""
 
 
-Request = RowsQuery | BucketsQuery | Wait | HeartbeatDue | Done
+Request = RowsQuery | BucketsQuery | HorizonQuery | Wait | HeartbeatDue | Done
 
 
 @attrs.frozen
@@ -141,6 +159,7 @@ class BySliceQuery:
             req = q.next_request(now)
             RowsQuery    -> for each row: offset = q.on_row(row, read_ts);
                             emit if not None; then q.on_rows_done()
+            HorizonQuery -> q.on_horizon(horizon_from_row(row))
             BucketsQuery -> q.on_buckets([(bucket_start, count), ...])
             Wait         -> sleep until req.until, or until a notification
                             (report it with q.on_notification(now))
@@ -195,6 +214,22 @@ class BySliceQuery:
         self._tail_read_at: float | None = None
         self._asked_at = now
         self._done = False
+        # The visibility horizon: the last reading, until a query uses it; whether
+        # the last one could be trusted; how far the last tail query read with it.
+        self._use_horizon = live and settings.horizon.enabled
+        self._horizon: Horizon | None = None
+        self._exact = self._use_horizon
+        self._tail_bound: datetime | None = None
+        self._held_polls = 0  # consecutive queries held back by an open transaction
+        self._held = False
+        # Open transactions not waited for (backend, start) -> start, and the starts
+        # of those that ended since: a backtracking run re-reads from the earliest.
+        self._not_waited_for: dict[tuple[int, datetime], datetime] = {}
+        self._ended: list[datetime] = []
+        # What the running backtracking run re-reads for, and the regular
+        # backtracking position to return to after it.
+        self._rereading: list[datetime] = []
+        self._bt_resume: tuple[TimestampOffset | None, dict[str, int]] | None = None
         # Statistics for tests and benchmarks.
         self.queries = 0
         self.backtracking_queries = 0
@@ -213,6 +248,8 @@ class BySliceQuery:
             if now < self._wait.until:
                 return Wait(min(self._wait.until, self._heartbeat_due()))
             self._wait = None
+        if self._use_horizon and not self.backtracking and self._horizon is None:
+            return HorizonQuery()
         if self._after_backtracking:
             # One normal query always follows a backtracking run, so a window
             # with nothing to re-read cannot make the two modes ping-pong.
@@ -240,6 +277,8 @@ class BySliceQuery:
         return query
 
     def _should_switch_to_backtracking(self) -> bool:
+        if self._ended:
+            return True  # a transaction not waited for has ended: re-read from its start
         bt = self.settings.backtracking
         if not (self.live and bt.enabled) or self.latest.timestamp == EPOCH:
             return False
@@ -265,6 +304,16 @@ class BySliceQuery:
             # Never further back than a window: after a catch-up the previous
             # backtracking position may be far behind.
             self.latest_backtracking = TimestampOffset(max(first, EPOCH), EPOCH, {})
+            self._bt_seen = {}
+        self._horizon = None  # the run starts after the reading; the next normal query reads anew
+        if self._ended:
+            # Re-read from the start of the earliest transaction that ended (all of
+            # them ended before the reading, so before this run's snapshots), up to
+            # the scan position and not behind the clock; then resume the regular
+            # backtracking where it was, so this run skips nothing it would re-read.
+            self._rereading, self._ended = self._ended, []
+            self._bt_resume = (self.latest_backtracking, dict(self._bt_seen))
+            self.latest_backtracking = TimestampOffset(min(self._rereading), EPOCH, {})
             self._bt_seen = {}
         self.backtracking = True
         _log.debug(
@@ -292,7 +341,9 @@ class BySliceQuery:
             # late inside that stretch is seen by no normal query again.
             to_inclusive=self._scan_from,
             until_exclusive=None,
-            behind_current_time=self.settings.backtracking.behind_current_time,
+            behind_current_time=(
+                None if self._rereading else self.settings.backtracking.behind_current_time
+            ),
             limit=self.settings.buffer_size,
         )
 
@@ -333,17 +384,37 @@ class BySliceQuery:
         if bound is not None and self.end is not None and bound > self.end:
             bound = None
         if self._pending_notifications:
-            covered = now - self.settings.behind_current_time.total_seconds()
+            covered = now - self._lag()
             self._pending_notifications = [t for t in self._pending_notifications if t > covered]
+        horizon = self._horizon_bound()
+        behind = None
+        if self.live and horizon is None:
+            behind = self.settings.behind_current_time
         return RowsQuery(
             backtracking=False,
             from_timestamp=self._scan_from,
             exclude=dict(self._scan_seen),
             to_inclusive=self.end,
             until_exclusive=bound,
-            behind_current_time=self.settings.behind_current_time if self.live else None,
+            behind_current_time=behind,
             limit=None if bound is not None else self.settings.buffer_size,
+            horizon=horizon,
         )
+
+    def _horizon_bound(self) -> datetime | None:
+        """Use up the last reading: the exact bound, or None to stay behind the clock."""
+        reading, self._horizon = self._horizon, None
+        self._held = False
+        if reading is None or reading.blind is not None:
+            return None
+        parts = split(reading, self._scan_from, self.settings.horizon)
+        self._held = parts.held
+        return parts.bound
+
+    def _lag(self) -> float:
+        """Seconds after a commit until a live query can read it."""
+        lag = self.settings.horizon.margin if self._exact else self.settings.behind_current_time
+        return lag.total_seconds()
 
     # -- results ----------------------------------------------------------
 
@@ -356,6 +427,23 @@ class BySliceQuery:
         self._buckets = [Bucket(int(start), int(count)) for start, count in rows]
         self._buckets_complete = len(rows) < self.settings.bucket_limit
         _log.debug("catch-up bound from %d bucket counts: %s", len(rows), self._bound())
+
+    def on_horizon(self, horizon: Horizon) -> None:
+        """A reading of the open transactions, taken just now, before the next query."""
+        self._horizon = horizon
+        self._exact = horizon.blind is None
+        if horizon.blind is not None:
+            return  # nothing can be concluded about who ended
+        skipped = split(horizon, self._scan_from, self.settings.horizon).not_waited_for
+        current = {(t.backend, t.start): t.start for t in skipped}
+        for key, start in self._not_waited_for.items():
+            if key not in current:
+                self._ended.append(start)
+                _log.debug("a transaction started at %s and not waited for has ended", start)
+        for key, start in current.items():
+            if key not in self._not_waited_for:
+                _log.debug("not waiting for the open transaction started at %s", start)
+        self._not_waited_for = current
 
     def on_row(
         self, row: Sequence[Any], read_timestamp: datetime, now: float
@@ -403,22 +491,33 @@ class BySliceQuery:
                 self.backtracking = False
                 self._after_backtracking = True
                 _log.debug("backtracking ends at %s (%d rows)", self._bt_position(), rows)
+                if self._bt_resume is not None:
+                    self.latest_backtracking, self._bt_seen = self._bt_resume
+                    self._bt_resume = None
+                    self._rereading = []
             return
         self._rows_since_backtracking += rows
         self._idle_polls = self._idle_polls + 1 if rows == 0 else 0
         if query.until_exclusive is not None:
-            # A bounded chunk was read whole (or up to its limit): nothing more
-            # is below the bound, so the next scan may start there.
-            if not full and query.until_exclusive > self._scan_from:
-                self._scan_from = query.until_exclusive
+            # A bounded chunk was read whole: nothing more is below its bound (or
+            # the horizon, if that is lower), so the next scan may start there.
+            clipped = query.horizon is not None and query.horizon < query.until_exclusive
+            end = query.horizon if clipped and query.horizon is not None else query.until_exclusive
+            if end > self._scan_from:
+                self._scan_from = end
                 self._scan_seen = {}
             self._last_full = True
-            return
-        self._last_full = full
-        if full:
-            self._buckets = None  # catching up again: recount from here
+            if not clipped:
+                return
+            # Held back by an open transaction: wait as at the tail.
+            self._tail_bound = end
         else:
-            self._tail_read_at = self._asked_at
+            self._last_full = full
+            if full:
+                self._buckets = None  # catching up again: recount from here
+            else:
+                self._tail_read_at = self._asked_at
+                self._tail_bound = query.horizon
         if not self.live:
             if not full:
                 self._done = True
@@ -428,6 +527,11 @@ class BySliceQuery:
         buffer = self.settings.buffer_size
         refresh = self.settings.refresh_interval.total_seconds()
         delay = refresh if rows <= buffer // 10 else refresh / 2
+        if self._held:
+            delay = min(delay, HELD_POLL * 2 ** min(self._held_polls, 16))
+            self._held_polls += 1
+        else:
+            self._held_polls = 0
         self._wait = Wait(now + delay)
         _log.debug("%d rows: waiting %.3f s before the next query", rows, delay)
         if self._pending_notifications:
@@ -444,11 +548,7 @@ class BySliceQuery:
     def _notification_wait(self) -> None:
         if self._wait is None:
             raise ProtocolError("notification wait without a wait")
-        due = (
-            min(self._pending_notifications)
-            + self.settings.behind_current_time.total_seconds()
-            + NOTIFICATION_MARGIN
-        )
+        due = min(self._pending_notifications) + self._lag() + NOTIFICATION_MARGIN
         if due < self._wait.until:
             self._wait = Wait(due)
 
@@ -460,12 +560,32 @@ class BySliceQuery:
         a progress marker at the heartbeat's offset must not pass them.
         """
         self._last_emit = now
-        horizon = self.latest.timestamp
-        if self._tail_read_at is not None:
+        reached = self.latest.timestamp
+        if self._tail_bound is not None:
+            # Exact: the last tail query read everything below its horizon. Not
+            # past a transaction that was not waited for, though: a restart from
+            # this marker would not know to re-read for it.
+            floor = self.unfinished_reread
+            reached = max(
+                reached, self._tail_bound if floor is None else min(self._tail_bound, floor)
+            )
+        elif self._tail_read_at is not None:
             since = timedelta(seconds=max(0.0, now - self._tail_read_at))
-            horizon = max(horizon, db_now - since - self.settings.behind_current_time)
-        return TimestampOffset(horizon, db_now, {})
+            reached = max(reached, db_now - since - self.settings.behind_current_time)
+        return TimestampOffset(reached, db_now, {})
 
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def unfinished_reread(self) -> datetime | None:
+        """The start of the oldest transaction not waited for and not re-read for yet.
+
+        A stream closed while this is set relies on the next one: that sees the
+        transaction if it is still open, but if it ended meanwhile, only
+        backtracking's window covers it. The drivers log a warning, so such a
+        miss is never silent.
+        """
+        due = [*self._not_waited_for.values(), *self._ended, *self._rereading]
+        return min(due) if due else None

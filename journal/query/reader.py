@@ -18,6 +18,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from journal.errors import ProtocolError
 from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.notifications import NotificationListener, wait_for_wakeup
 from journal.query import sql as q
@@ -26,9 +27,11 @@ from journal.query.by_slice import (
     BySliceQuery,
     Done,
     HeartbeatDue,
+    HorizonQuery,
     RowsQuery,
     Wait,
 )
+from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
 from journal.rows import row_to_envelope
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
@@ -53,13 +56,12 @@ class SliceReader:
         self._registry = registry
         self._settings = settings
         self._listener = listener
+        self._blind = BlindWarning()
 
     async def database_time(self) -> datetime:
         async with self._pool.connection() as conn:
             cur = await conn.execute(q.database_time())
-            row = await cur.fetchone()
-        assert row is not None
-        value: datetime = row[0]
+            value: datetime = (await _one(cur))[0]
         return value
 
     async def stream(
@@ -94,6 +96,13 @@ class SliceReader:
                     db_now = await self.database_time()
                     hb = machine.on_heartbeat(db_now, loop.time())
                     yield heartbeat_envelope(entity_type, min_slice, hb)
+                elif isinstance(request, HorizonQuery):
+                    statement, params = q.horizon(self._tables, READER_APPLICATION)
+                    async with self._pool.connection() as conn:
+                        cur = await conn.execute(statement, params)
+                        reading = horizon_from_row(await _one(cur))
+                    self._blind.note(reading)
+                    machine.on_horizon(reading)
                 elif isinstance(request, BucketsQuery):
                     statement, params = q.slice_buckets(
                         self._tables,
@@ -151,3 +160,11 @@ class SliceReader:
             return
         if await wait_for_wakeup(sub.event, timeout):
             machine.on_notification(loop.time())
+
+
+async def _one(cur: Any) -> Any:
+    """The single row of a statement that always returns one."""
+    row = await cur.fetchone()
+    if row is None:  # pragma: no cover - an aggregate or a function call returns a row
+        raise ProtocolError("the database returned no row")
+    return row

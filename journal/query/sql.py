@@ -60,6 +60,9 @@ def slice_rows(
     if query.until_exclusive is not None:
         where.append(sql.SQL("db_timestamp < %(until_ts)s"))
         params["until_ts"] = query.until_exclusive
+    if query.horizon is not None:
+        where.append(sql.SQL("db_timestamp < %(horizon)s"))
+        params["horizon"] = query.horizon
     if query.behind_current_time is not None:
         where.append(sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"))
         params["behind"] = query.behind_current_time
@@ -117,6 +120,62 @@ def slice_buckets(
         "GROUP BY bucket ORDER BY bucket LIMIT %(limit)s"
     ).format(journal=tables.journal, where=sql.SQL(" AND ").join(where))
     return statement, params
+
+
+# Lock modes of a transaction that has written (or waits to write) journal rows.
+_WRITE_LOCKS = sql.SQL(
+    "('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')"
+)
+
+_HORIZON = sql.SQL(
+    """WITH journal AS (
+  SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = %(schema)s AND c.relname = %(table)s
+), sessions AS (
+  SELECT a.pid, a.usename, a.state,
+    least(a.xact_start, a.query_start) AS started,
+    EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation'
+            AND l.relation = j.oid AND l.mode IN {write_locks}) AS writes
+  FROM pg_stat_activity a, journal j
+  WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+    AND a.usesysid IS NOT NULL
+    AND (a.backend_type IS NULL OR a.backend_type = 'client backend')
+    AND a.application_name IS DISTINCT FROM %(reader)s
+    AND has_table_privilege(a.usesysid, j.oid, 'INSERT')
+)
+SELECT statement_timestamp(), current_user::text,
+  current_setting('track_activities')::bool,
+  (SELECT count(*) FROM pg_locks l, journal j WHERE l.pid IS NULL
+     AND l.locktype = 'relation' AND l.relation = j.oid AND l.mode IN {write_locks}),
+  coalesce(array_agg(DISTINCT usename::text) FILTER (WHERE state IS NULL), '{{}}'),
+  count(*) FILTER (WHERE state = 'disabled'),
+  coalesce(array_agg(pid ORDER BY pid) FILTER (WHERE {open}), '{{}}'),
+  coalesce(array_agg(started ORDER BY pid) FILTER (WHERE {open}), '{{}}'),
+  coalesce(array_agg(writes ORDER BY pid) FILTER (WHERE {open}), '{{}}')
+FROM sessions"""
+).format(
+    write_locks=_WRITE_LOCKS,
+    open=sql.SQL(
+        "state IN ('active', 'idle in transaction', 'fastpath function call') "
+        "AND started IS NOT NULL"
+    ),
+)
+
+
+def horizon(tables: Tables, reader_application: str) -> tuple[sql.Composed, dict[str, Any]]:
+    """The open transactions that may write to the journal (see `journal.query.horizon`).
+
+    Sessions of roles without INSERT on the journal, in other databases, and the
+    journal's own read connections cannot write to it and are left out. A
+    prepared transaction holding a write lock on the journal counts in the
+    fourth column: it can commit whenever, and its start time is unknown.
+    """
+    params = {
+        "schema": tables.settings.schema,
+        "table": tables.settings.journal_table,
+        "reader": reader_application,
+    }
+    return _HORIZON, params
 
 
 def by_persistence_id(tables: Tables) -> sql.Composed:
