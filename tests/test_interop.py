@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
+from typing import Any
 
 import attrs
 import psycopg
@@ -99,33 +100,44 @@ async def pekko_write(
     pg_dsn: str, schema: str, pid: str, first_seq_nr: int, events: Sequence[PekkoEvent]
 ) -> None:
     """One atomic write of a Pekko persistent actor: one INSERT per event, one transaction."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        await pekko_insert(conn, schema, pid, first_seq_nr, events)
+        await conn.commit()
+
+
+async def pekko_insert(
+    conn: psycopg.AsyncConnection[Any],
+    schema: str,
+    pid: str,
+    first_seq_nr: int,
+    events: Sequence[PekkoEvent],
+) -> None:
+    """Pekko's INSERTs of one atomic write, in the caller's (open) transaction."""
     journal = sql.Identifier(schema, "event_journal")
     statement = sql.SQL(PEKKO_INSERT).format(journal=journal)
-    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
-        for i, event in enumerate(events):
-            seq_nr = first_seq_nr + i
-            meta_id, meta_manifest, meta_payload = event.meta or (None, None, None)
-            await conn.execute(
-                statement,
-                (
-                    slice_for(pid),
-                    pid.split("|", 1)[0],
-                    pid,
-                    seq_nr,
-                    "2f0e6c1a-pekko-writer-uuid",
-                    "",  # Pekko always writes an empty adapter manifest
-                    pid,
-                    seq_nr - 1,
-                    JACKSON_JSON,
-                    event.manifest,
-                    event.json,
-                    list(event.tags) or None,
-                    meta_id,
-                    meta_manifest,
-                    meta_payload,
-                ),
-            )
-        await conn.commit()
+    for i, event in enumerate(events):
+        seq_nr = first_seq_nr + i
+        meta_id, meta_manifest, meta_payload = event.meta or (None, None, None)
+        await conn.execute(
+            statement,
+            (
+                slice_for(pid),
+                pid.split("|", 1)[0],
+                pid,
+                seq_nr,
+                "2f0e6c1a-pekko-writer-uuid",
+                "",  # Pekko always writes an empty adapter manifest
+                pid,
+                seq_nr - 1,
+                JACKSON_JSON,
+                event.manifest,
+                event.json,
+                list(event.tags) or None,
+                meta_id,
+                meta_manifest,
+                meta_payload,
+            ),
+        )
 
 
 async def by_pid(journal: Journal, pid: str) -> list[EventEnvelope]:

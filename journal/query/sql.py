@@ -132,7 +132,7 @@ _HORIZON = sql.SQL(
   SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
   WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 ), sessions AS (
-  SELECT a.pid, a.usename, a.state,
+  SELECT a.pid, a.usename, a.state, a.query = '<insufficient privilege>' AS hidden,
     least(a.xact_start, a.query_start) AS started,
     EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation'
             AND l.relation = j.oid AND l.mode IN {write_locks}) AS writes
@@ -147,7 +147,7 @@ SELECT statement_timestamp(), current_user::text,
   current_setting('track_activities')::bool,
   (SELECT count(*) FROM pg_locks l, journal j WHERE l.pid IS NULL
      AND l.locktype = 'relation' AND l.relation = j.oid AND l.mode IN {write_locks}),
-  coalesce(array_agg(DISTINCT usename::text) FILTER (WHERE state IS NULL), '{{}}'),
+  coalesce(array_agg(DISTINCT usename::text) FILTER (WHERE hidden), '{{}}'),
   count(*) FILTER (WHERE state = 'disabled'),
   coalesce(array_agg(pid ORDER BY pid) FILTER (WHERE {open}), '{{}}'),
   coalesce(array_agg(started ORDER BY pid) FILTER (WHERE {open}), '{{}}'),
@@ -168,7 +168,9 @@ def horizon(tables: Tables, reader_application: str) -> tuple[sql.Composed, dict
     Sessions of roles without INSERT on the journal, in other databases, and the
     journal's own read connections cannot write to it and are left out. A
     prepared transaction holding a write lock on the journal counts in the
-    fourth column: it can commit whenever, and its start time is unknown.
+    fourth column: it can commit whenever, and its start time is unknown. A
+    session hidden from us shows `<insufficient privilege>` as its query; one
+    still starting up shows no state either, but cannot have written anything.
     """
     params = {
         "schema": tables.settings.schema,
