@@ -30,7 +30,14 @@ from journal.errors import (
     SerializationError,
     UnknownProjection,
 )
-from journal.model import NOT_LOADED, EventEnvelope, SerializedPayload, Snapshot, TimestampOffset
+from journal.model import (
+    NOT_LOADED,
+    UNDECODABLE,
+    EventEnvelope,
+    SerializedPayload,
+    Snapshot,
+    TimestampOffset,
+)
 from journal.serialization import (
     BytesSerializer,
     JsonSerializer,
@@ -73,6 +80,7 @@ __getattr__, __dir__ = lazy_attributes(
 __all__ = [
     "NOT_LOADED",
     "NUMBER_OF_SLICES",
+    "UNDECODABLE",
     "AggregateRepository",
     "BacktrackingSettings",
     "BytesSerializer",

@@ -110,7 +110,7 @@ class AggregateRepository(AggregateRules[S, E]):
         async for env in self._journal.current_events_by_persistence_id(
             persistence_id, from_seq_nr=seq_nr + 1, to_seq_nr=highest
         ):
-            state = self._evolve(state, env.event)
+            state = self._evolve(state, env.decoded_event())
             seq_nr = env.seq_nr
         # Deleted events are skipped by the query but still own their seq_nrs.
         seq_nr = max(seq_nr, highest)

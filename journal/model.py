@@ -14,6 +14,8 @@ from typing import Any, Final
 
 import attrs
 
+from journal.errors import DeserializationError
+
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -21,24 +23,26 @@ def _freeze_seen(value: Mapping[str, int] | None) -> Mapping[str, int]:
     return MappingProxyType(dict(value or {}))
 
 
-class _NotLoaded:
-    """Marker for an envelope whose payload was not read (backtracking rows)."""
+class _Marker:
+    """A falsy stand-in for an event an envelope does not hold, unique by name."""
 
-    _instance: _NotLoaded | None = None
-
-    def __new__(cls) -> _NotLoaded:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def __repr__(self) -> str:
-        return "NOT_LOADED"
+        return self.name
 
     def __bool__(self) -> bool:
         return False
 
+    def __reduce__(self) -> str:
+        return self.name  # unpickles as the module's own instance
 
-NOT_LOADED: Final = _NotLoaded()
+
+# The payload was not read (backtracking rows); `Journal.load_envelope` reads it.
+NOT_LOADED: Final = _Marker("NOT_LOADED")
+# The payload could not be decoded; the envelope's `error` says why.
+UNDECODABLE: Final = _Marker("UNDECODABLE")
 
 
 @attrs.frozen
@@ -80,7 +84,12 @@ class EventEnvelope:
     """One event as read from the journal, with where it sits in it.
 
     `event` is `NOT_LOADED` for envelopes from backtracking queries (which skip
-    the payload); `Journal.load_envelope` fetches it. `source` tells which kind
+    the payload); `Journal.load_envelope` fetches it. It is `UNDECODABLE` when
+    the payload or metadata could not be decoded (say, a serializer id a JVM
+    service wrote that is not registered here): `error` then holds the
+    `DeserializationError`, naming the event, so a stream goes on and the
+    reader decides; projections hand it to their recovery strategy, and
+    `decoded_event()` raises it. `source` tells which kind
     of query produced the envelope: "query", "backtracking", "persistence_id",
     "append" or, for idle progress markers, "heartbeat".
     """
@@ -98,6 +107,13 @@ class EventEnvelope:
     writer: str = ""
     offset: TimestampOffset | None = None
     source: str = "query"
+    error: DeserializationError | None = None
+
+    def decoded_event(self) -> Any:
+        """The event, or raise the `DeserializationError` that kept it from being decoded."""
+        if self.error is not None:
+            raise self.error
+        return self.event
 
     @property
     def event_loaded(self) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from journal.model import NOT_LOADED, EventEnvelope, TimestampOffset
+from journal.errors import DeserializationError
+from journal.model import NOT_LOADED, UNDECODABLE, EventEnvelope, TimestampOffset
 from journal.serialization import SerializerRegistry
 
 COLUMNS = (
@@ -39,6 +40,36 @@ ROW_SEQ_NR = COLUMNS.index("seq_nr")
 ROW_WIDTH = len(COLUMNS) + 1  # queries may append columns after the payload
 
 
+def decode_payloads(
+    registry: SerializerRegistry,
+    pid: str,
+    seq_nr: int,
+    ser_id: int,
+    manifest: str,
+    payload: bytes | None,
+    meta_ser_id: int | None,
+    meta_manifest: str | None,
+    meta_payload: bytes | None,
+) -> tuple[Any, Any, DeserializationError | None]:
+    """(event, metadata, error): `NOT_LOADED` without a payload, `UNDECODABLE` with the
+    error when either cannot be decoded. Carried, not raised: one bad row must not
+    end every stream over its slice; the reader decides (projections: their recovery)."""
+    event: Any = NOT_LOADED
+    metadata = None
+    try:
+        if payload is not None:
+            event = registry.deserialize(
+                ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr
+            )
+        if meta_payload is not None and meta_ser_id is not None:
+            metadata = registry.deserialize(
+                meta_ser_id, meta_manifest or "", meta_payload, persistence_id=pid, seq_nr=seq_nr
+            )
+    except DeserializationError as e:
+        return UNDECODABLE, None, e
+    return event, metadata, None
+
+
 def row_to_envelope(
     row: Row,
     registry: SerializerRegistry,
@@ -62,16 +93,11 @@ def row_to_envelope(
         meta_payload,
         payload,
     ) = row[:ROW_WIDTH]
-    event: Any = NOT_LOADED
-    if payload is not None:
-        event = registry.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
-    metadata = None
-    if meta_payload is not None and meta_ser_id is not None:
-        metadata = registry.deserialize(
-            meta_ser_id, meta_manifest or "", meta_payload, persistence_id=pid, seq_nr=seq_nr
-        )
+    event, metadata, error = decode_payloads(
+        registry, pid, seq_nr, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload
+    )
     # Positional: this runs once per row of every query (keywords cost ~40% more).
     return EventEnvelope(
         pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
-        tuple(tags) if tags else (), metadata, writer, offset, source,
+        tuple(tags) if tags else (), metadata, writer, offset, source, error,
     )  # fmt: skip

@@ -49,7 +49,7 @@ class SyncAggregateRepository(AggregateRules[S, E]):
         for env in self._journal.current_events_by_persistence_id(
             persistence_id, from_seq_nr=seq_nr + 1, to_seq_nr=highest
         ):
-            state = self._evolve(state, env.event)
+            state = self._evolve(state, env.decoded_event())
             seq_nr = env.seq_nr
         return Loaded(persistence_id, state, max(seq_nr, highest))
 

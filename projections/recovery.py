@@ -1,17 +1,21 @@
 """What a projection does when its handler fails: fail, retry, or retry then skip.
 
 A skipped envelope is written to the dead-letter table with the error text in
-the same transaction that stores its offset — never silently dropped.
+the same transaction that stores its offset — never silently dropped. An event
+that could not be decoded fails the same way before the handler sees it, so
+the same strategy decides: stop loudly, or dead-letter it with the error.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from datetime import timedelta
 
 import attrs
 
 from journal.errors import InvalidSettings
+from journal.model import EventEnvelope
 from journal.settings import duration_field
 
 
@@ -58,3 +62,10 @@ class RecoveryStrategy:
     @property
     def attempts(self) -> int:
         return 1 if self.on_failure is OnFailure.FAIL else 1 + self.retries
+
+
+def check_decoded(envelopes: Iterable[EventEnvelope]) -> None:
+    """Raise the `DeserializationError` of the first envelope whose event was not decoded."""
+    for env in envelopes:
+        if env.error is not None:
+            raise env.error

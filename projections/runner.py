@@ -46,7 +46,7 @@ from projections.fencing import Fence, offset_error
 from projections.management_sql import ManagementSql
 from projections.names import check_instance
 from projections.offset_dao import OffsetDao, insert_dead_letters, is_paused
-from projections.recovery import OnFailure, RecoveryStrategy
+from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
@@ -339,6 +339,7 @@ class Projection:
         # Pipeline mode sends BEGIN, the handler's statements, the offsets and
         # COMMIT without waiting for each reply (a handler reading results
         # still gets them: psycopg syncs on demand).
+        check_decoded(envelopes)
         async with (
             self.journal.pool.connection() as conn,
             conn.pipeline(),
@@ -362,6 +363,7 @@ class Projection:
             raise failure from error
 
     async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
+        check_decoded(envelopes)
         for env in envelopes:
             await self._handler(env)
 

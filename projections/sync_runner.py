@@ -44,7 +44,7 @@ from projections.errors import ProjectionError
 from projections.fencing import offset_error
 from projections.names import check_instance
 from projections.offset_dao import SyncOffsetDao
-from projections.recovery import OnFailure, RecoveryStrategy
+from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 
 _log = logging.getLogger("slicejournal.projections.sync_runner")
@@ -167,6 +167,7 @@ class SyncProjection:
         attempts = self.recovery.attempts
         for attempt in range(1, attempts + 1):
             try:
+                check_decoded(commit.envelopes)
                 with self.journal.pool.connection() as conn, conn.transaction():
                     for env in commit.envelopes:
                         self._handler(conn, env)

@@ -14,7 +14,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from journal import BacktrackingSettings, Journal, JournalSettings, SliceRange, slice_ranges
+from journal import (
+    BacktrackingSettings,
+    DeserializationError,
+    Journal,
+    JournalSettings,
+    SliceRange,
+    slice_for,
+    slice_ranges,
+)
 from projections import (
     Projection,
     ProjectionError,
@@ -222,6 +230,66 @@ async def test_retry_then_skip_writes_a_dead_letter(bank_journal: Journal) -> No
     assert "poison event" in letters[0].error
     balances, applied, _ = await bank.projected(j)
     assert balances == {bad: 1, bank.account(10): 5}
+
+
+async def insert_from_a_jvm(j: Journal, pid: str, seq_nr: int) -> None:
+    """A row whose serializer id (a JVM service's protobuf, say) is not registered here."""
+    insert = sql.SQL(
+        "INSERT INTO {} (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
+        "event_ser_id, event_ser_manifest, event_payload, writer) "
+        "VALUES (%s, %s, %s, %s, transaction_timestamp(), 2, 'com.example.Proto', '\\x0801', "
+        "'jvm')"
+    ).format(j.tables.journal)
+    async with await psycopg.AsyncConnection.connect(j.dsn, autocommit=True) as conn:
+        await conn.execute(insert, (slice_for(pid), bank.ENTITY, pid, seq_nr))
+
+
+async def test_an_undecodable_event_fails_the_projection_loudly(bank_journal: Journal) -> None:
+    j = bank_journal
+    pid = bank.account(3)
+    await j.append(pid, [{"amount": 1}], expected_seq_nr=0)
+    await insert_from_a_jvm(j, pid, 2)
+    handled: list[int] = []
+    inner = bank.make_handler(j)
+
+    async def handler(conn: Any, env: Any) -> None:
+        handled.append(env.seq_nr)
+        await inner(conn, env)
+
+    p = whole_range(Projection.exactly_once, j, handler, name="strict")
+    with pytest.raises(ProjectionError) as info:
+        await asyncio.wait_for(p.run(), 30)
+    assert f"{pid!r} seq_nr 2" in str(info.value)
+    assert isinstance(info.value.__cause__, DeserializationError)
+    assert handled == [1]  # the handler never saw the event it could not read
+
+
+async def test_an_undecodable_event_is_dead_lettered_with_its_error(
+    bank_journal: Journal,
+) -> None:
+    j = bank_journal
+    pid = bank.account(4)
+    await j.append(pid, [{"amount": 1}], expected_seq_nr=0)
+    await insert_from_a_jvm(j, pid, 2)
+    await j.append(pid, [{"amount": 5}], expected_seq_nr=2)
+    p = whole_range(
+        Projection.exactly_once,
+        j,
+        bank.make_handler(j),
+        recovery=RecoveryStrategy.retry_and_skip(1, 0.01),
+    )
+    task = asyncio.create_task(p.run())
+    for _ in range(200):
+        if p.stats.skipped == 1 and (await bank.projected(j))[1] == 2:
+            break
+        await asyncio.sleep(0.05)
+    await p.stop()
+    await task
+    letters = await ProjectionManagement(j).dead_letters("balances")
+    assert [(d.persistence_id, d.seq_nr) for d in letters] == [(pid, 2)]
+    assert letters[0].error.startswith("DeserializationError")
+    balances, applied, _ = await bank.projected(j)
+    assert (balances, applied) == ({pid: 6}, 2)
 
 
 async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:

@@ -738,7 +738,9 @@ async def test_events_of_an_old_version_are_upcast_by_a_newer_journal(
             OrderPlacedV1(1250, "ann"),
             OrderPlacedV1(5, "bo"),
         ]
-        with pytest.raises(DeserializationError) as info:
-            [e async for e in old.current_events_by_persistence_id(pid, 3)]
-    assert (info.value.persistence_id, info.value.seq_nr) == (pid, 3)
-    assert "newer than version 1" in str(info.value)
+        newer = [e async for e in old.current_events_by_persistence_id(pid, 3)]
+    error = newer[0].error
+    assert error is not None and (error.persistence_id, error.seq_nr) == (pid, 3)
+    assert "newer than version 1" in str(error)
+    with pytest.raises(DeserializationError):
+        newer[0].decoded_event()

@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 from journal import (
+    UNDECODABLE,
     ConcurrencyError,
     DeserializationError,
     EventEnvelope,
@@ -744,25 +745,27 @@ async def test_unknown_manifest_on_read_names_pid_and_seq_nr(
         )
         await conn.execute(insert, (slice_for(pid), "Unknown", pid, 3, 9999, "", b"\x01"))
 
+    # Every read path carries the error in the envelope instead of ending the read.
+    envs = await read_all(journal, pid)
+    assert [e.event for e in envs] == [{"ok": 1}, UNDECODABLE, UNDECODABLE]
+    assert envs[0].error is None and envs[0].decoded_event() == {"ok": 1}
     with pytest.raises(DeserializationError) as info:
-        await read_all(journal, pid)
+        envs[1].decoded_event()
     err = info.value
+    assert err is envs[1].error
     assert (err.persistence_id, err.seq_nr) == (pid, 2)
     assert repr(pid) in str(err) and "seq_nr 2" in str(err)
     assert "com.example.Nobody" in str(err)
 
-    with pytest.raises(DeserializationError) as info:
-        await read_all(journal, pid, 3)
-    assert (info.value.persistence_id, info.value.seq_nr) == (pid, 3)
-    assert "9999" in str(info.value) and "seq_nr 3" in str(info.value)
+    third = envs[2].error
+    assert third is not None and (third.persistence_id, third.seq_nr) == (pid, 3)
+    assert "9999" in str(third) and "seq_nr 3" in str(third)
 
-    with pytest.raises(DeserializationError) as info:
-        await journal.load_envelope(pid, 2)
-    assert info.value.seq_nr == 2
+    loaded = await journal.load_envelope(pid, 2)
+    assert loaded is not None and loaded.error is not None and loaded.error.seq_nr == 2
     s = slice_for(pid)
-    with pytest.raises(DeserializationError) as info:
-        [e async for e in journal.current_events_by_slices("Unknown", s, s)]
-    assert (info.value.persistence_id, info.value.seq_nr) == (pid, 2)
+    by_slice = [e async for e in journal.current_events_by_slices("Unknown", s, s)]
+    assert [(e.seq_nr, e.error is None) for e in by_slice] == [(1, True), (2, False), (3, False)]
 
     # the readable event before it is still readable on its own
     assert [e.event for e in await read_all(journal, pid, 1, 1)] == [{"ok": 1}]

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from journal.model import EventEnvelope
+from journal.rows import decode_payloads
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
 
 SCHEMA_DDL = (
@@ -90,7 +91,7 @@ def record_batch(rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
 
 def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[EventEnvelope]:
     """The envelopes of a batch read by this source, payloads decoded by `registry`
-    (the same `DeserializationError` naming pid and seq_nr as every other read path)."""
+    (an undecodable one carries the same `DeserializationError` as on every read path)."""
     cols = batch.to_pydict()
     for i in range(batch.num_rows):
         pid = cols["persistence_id"][i]
@@ -99,15 +100,13 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
         manifest = cols["ser_manifest"][i] or ""
         text = cols["event"][i]
         payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
-        event = registry.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
         meta = cols["metadata"][i]
-        metadata = None
-        if meta is not None:
-            metadata = registry.deserialize(
-                JSON_SERIALIZER_ID, "", meta.encode("utf-8"), persistence_id=pid, seq_nr=seq_nr
-            )
+        event, metadata, error = decode_payloads(
+            registry, pid, seq_nr, ser_id, manifest, payload,
+            JSON_SERIALIZER_ID, "", None if meta is None else meta.encode("utf-8"),
+        )  # fmt: skip
         yield EventEnvelope(
             pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
             event, ser_id, manifest, tuple(cols["tags"][i] or ()), metadata,
-            cols["writer"][i] or "", None, "query",
+            cols["writer"][i] or "", None, "query", error,
         )  # fmt: skip

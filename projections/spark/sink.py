@@ -56,6 +56,7 @@ from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.names import range_key
 from projections.offset_dao import SyncOffsetDao
+from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
 
@@ -210,6 +211,7 @@ class _PartitionRun:
                 action = core.answer(loaded, now)
             elif isinstance(action, Commit):
                 if action.envelopes:
+                    check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
                     self.sink.handler(conn, list(action.envelopes))
                 self.dao.save(conn, self.key, action.records, self.fence)
                 action = core.committed(now)
