@@ -42,6 +42,7 @@ from journal.query.by_slice import (
     RowsQuery,
     Wait,
     check_slice_query,
+    warn_if_unfinished,
 )
 from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
 from journal.rows import row_to_envelope
@@ -369,6 +370,19 @@ class SyncJournal:
         machine = BySliceQuery(
             settings, offset, live=live, end=end, heartbeats=heartbeats, now=time.monotonic()
         )
+        try:
+            yield from self._drive(machine, entity_type, min_slice, max_slice, settings)
+        finally:
+            warn_if_unfinished(machine, entity_type, min_slice)
+
+    def _drive(
+        self,
+        machine: BySliceQuery,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        settings: QuerySettings,
+    ) -> Generator[EventEnvelope, None, None]:
         while True:
             request = machine.next_request(time.monotonic())
             if isinstance(request, Done):

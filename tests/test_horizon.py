@@ -306,3 +306,25 @@ async def test_without_the_privilege_the_journal_warns_once_and_falls_back(
         finally:
             await admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
             await admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+@pytest.mark.timeout(60)
+async def test_a_stream_closed_with_a_re_read_due_says_so(
+    pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="slicejournal.journal.query")
+    async with Journal.connect(
+        pg_dsn, horizon_settings(schema, max_hold=0.5), create_schema=True
+    ) as j:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as idle:
+            await idle.execute("SELECT 1")  # may still write; not waited for after 0.5 s
+            latencies = await append_latencies(j, 10, 0.1)
+            assert max(latencies) < 5
+            await asyncio.sleep(0.2)  # the stream above has closed by now
+            closed = [r.getMessage() for r in caplog.records if "closed before" in r.getMessage()]
+            assert len(closed) == 1, closed
+            await idle.rollback()
+        # Once the transaction has ended and been re-read for, closing is quiet.
+        caplog.clear()
+        await append_latencies(j, 3, 0.1)
+        assert not [r for r in caplog.records if "closed before" in r.getMessage()]

@@ -589,3 +589,17 @@ class BySliceQuery:
         """
         due = [*self._not_waited_for.values(), *self._ended, *self._rereading]
         return min(due) if due else None
+
+
+def warn_if_unfinished(machine: BySliceQuery, entity_type: str, min_slice: int) -> None:
+    """Called by the drivers when a stream closes: say if a re-read was still due."""
+    due = machine.unfinished_reread
+    if due is not None:
+        _log.warning(
+            "slice stream %s from slice %d closed before re-reading from %s for a "
+            "transaction it did not wait for; a stream resumed after that transaction "
+            "ended covers it only within the backtracking window",
+            entity_type,
+            min_slice,
+            due.isoformat(),
+        )

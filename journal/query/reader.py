@@ -30,6 +30,7 @@ from journal.query.by_slice import (
     HorizonQuery,
     RowsQuery,
     Wait,
+    warn_if_unfinished,
 )
 from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
 from journal.rows import row_to_envelope
@@ -130,6 +131,7 @@ class SliceReader:
                                     )
                     machine.on_rows_done(loop.time())
         finally:
+            warn_if_unfinished(machine, entity_type, min_slice)
             if sub is not None and self._listener is not None:
                 self._listener.unsubscribe(sub)
 
