@@ -221,6 +221,7 @@ class BySliceQuery:
         self._exact = self._use_horizon
         self._tail_bound: datetime | None = None
         self._held_polls = 0  # consecutive queries held back by an open transaction
+        self._held_rows = 0  # and the rows they read
         self._held = False
         # Open transactions not waited for (backend, start) -> start, and the starts
         # of those that ended since: a backtracking run re-reads from the earliest.
@@ -526,12 +527,17 @@ class BySliceQuery:
             return
         buffer = self.settings.buffer_size
         refresh = self.settings.refresh_interval.total_seconds()
-        delay = refresh if rows <= buffer // 10 else refresh / 2
+        # Rows read since the last poll that was not held back: a short re-poll
+        # after a hold must not make a busy stream look quiet.
+        counted = rows + self._held_rows
+        delay = refresh if counted <= buffer // 10 else refresh / 2
         if self._held:
             delay = min(delay, HELD_POLL * 2 ** min(self._held_polls, 16))
             self._held_polls += 1
+            self._held_rows = counted
         else:
             self._held_polls = 0
+            self._held_rows = 0
         self._wait = Wait(now + delay)
         _log.debug("%d rows: waiting %.3f s before the next query", rows, delay)
         if self._pending_notifications:
