@@ -71,11 +71,12 @@ class Model:
         Its start is the events' db_timestamp, as with transaction_timestamp().
         """
         open_: dict[tuple[str, float, float], OpenTransaction] = {}
-        for e in self.events:
+        for i, e in enumerate(self.events):
             key = (e.pid, e.ts, e.commit)
             if e.ts <= now < e.commit and key not in open_:
                 writes = now >= (e.ts if e.writes_from is None else e.writes_from)
-                open_[key] = OpenTransaction(len(open_) + hash(key) % 10_000, at(e.ts), writes)
+                # Its backend: the position of its first event, unique and stable.
+                open_[key] = OpenTransaction(i, at(e.ts), writes)
         return Horizon(at(now), tuple(open_.values()))
 
     def rows(self, q: RowsQuery, now: float) -> list[Ev]:
@@ -509,7 +510,7 @@ def test_a_stream_resumed_while_transactions_are_open_misses_nothing(
     offset = first[-1].offset if first else None
     end = max(stop, *(e.commit for e in events)) + 100
     resumed = drive(BySliceQuery(exact(), offset, now=stop), model, start=stop, until=end)
-    missed = {(e.pid, e.seq_nr): e.ts for e in events}.keys() - {o.ev for o in first + resumed}
+    missed = {(e.pid, e.seq_nr) for e in events} - {o.ev for o in first + resumed}
     if missed:
         unfinished = machine.unfinished_reread
         assert unfinished is not None

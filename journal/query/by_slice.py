@@ -45,7 +45,7 @@ import attrs
 
 from journal.errors import InvalidArgument, ProtocolError
 from journal.model import EPOCH, TimestampOffset
-from journal.query.horizon import Horizon, split
+from journal.query.horizon import Horizon, Split, split
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
 from journal.settings import QuerySettings
 from journal.slices import SliceRange, validate_entity_type
@@ -214,10 +214,12 @@ class BySliceQuery:
         self._tail_read_at: float | None = None
         self._asked_at = now
         self._done = False
-        # The visibility horizon: the last reading, until a query uses it; whether
-        # the last one could be trusted; how far the last tail query read with it.
+        # The visibility horizon: whether a reading is waiting for the next query and
+        # what it means there (None when it could not be trusted); whether the last
+        # one could be trusted; how far the last tail query read with it.
         self._use_horizon = live and settings.horizon.enabled
-        self._horizon: Horizon | None = None
+        self._fresh = False
+        self._split: Split | None = None
         self._exact = self._use_horizon
         self._tail_bound: datetime | None = None
         self._held_polls = 0  # consecutive queries held back by an open transaction
@@ -249,7 +251,7 @@ class BySliceQuery:
             if now < self._wait.until:
                 return Wait(min(self._wait.until, self._heartbeat_due()))
             self._wait = None
-        if self._use_horizon and not self.backtracking and self._horizon is None:
+        if self._use_horizon and not self.backtracking and not self._fresh:
             return HorizonQuery()
         if self._after_backtracking:
             # One normal query always follows a backtracking run, so a window
@@ -306,7 +308,7 @@ class BySliceQuery:
             # backtracking position may be far behind.
             self.latest_backtracking = TimestampOffset(max(first, EPOCH), EPOCH, {})
             self._bt_seen = {}
-        self._horizon = None  # the run starts after the reading; the next normal query reads anew
+        self._fresh = False  # the run starts after the reading; the next normal query reads anew
         if self._ended:
             # Re-read from the start of the earliest transaction that ended (all of
             # them ended before the reading, so before this run's snapshots), up to
@@ -404,13 +406,10 @@ class BySliceQuery:
 
     def _horizon_bound(self) -> datetime | None:
         """Use up the last reading: the exact bound, or None to stay behind the clock."""
-        reading, self._horizon = self._horizon, None
-        self._held = False
-        if reading is None or reading.blind is not None:
-            return None
-        parts = split(reading, self._scan_from, self.settings.horizon)
-        self._held = parts.held
-        return parts.bound
+        parts = self._split if self._fresh else None
+        self._fresh = False
+        self._held = parts is not None and parts.held
+        return None if parts is None else parts.bound
 
     def _lag(self) -> float:
         """Seconds after a commit until a live query can read it."""
@@ -431,12 +430,15 @@ class BySliceQuery:
 
     def on_horizon(self, horizon: Horizon) -> None:
         """A reading of the open transactions, taken just now, before the next query."""
-        self._horizon = horizon
+        self._fresh = True
         self._exact = horizon.blind is None
         if horizon.blind is not None:
+            self._split = None
             return  # nothing can be concluded about who ended
-        skipped = split(horizon, self._scan_from, self.settings.horizon).not_waited_for
-        current = {(t.backend, t.start): t.start for t in skipped}
+        # The next normal query starts at this same scan position (a bucket count
+        # may come between, a backtracking run uses the reading up).
+        self._split = split(horizon, self._scan_from, self.settings.horizon)
+        current = {(t.backend, t.start): t.start for t in self._split.not_waited_for}
         for key, start in self._not_waited_for.items():
             if key not in current:
                 self._ended.append(start)
@@ -502,8 +504,10 @@ class BySliceQuery:
         if query.until_exclusive is not None:
             # A bounded chunk was read whole: nothing more is below its bound (or
             # the horizon, if that is lower), so the next scan may start there.
-            clipped = query.horizon is not None and query.horizon < query.until_exclusive
-            end = query.horizon if clipped and query.horizon is not None else query.until_exclusive
+            end = query.until_exclusive
+            if query.horizon is not None:
+                end = min(end, query.horizon)
+            clipped = end < query.until_exclusive
             if end > self._scan_from:
                 self._scan_from = end
                 self._scan_seen = {}
