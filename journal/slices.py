@@ -9,6 +9,7 @@ instances only regroups slices, it never moves an event to another slice.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -34,6 +35,9 @@ def java_string_hash(value: str) -> int:
     return h - 0x1_0000_0000 if h & 0x8000_0000 else h
 
 
+# Cached: a live aggregate appends to the same id again and again, and the
+# hash is a Python loop over the id's characters.
+@functools.lru_cache(maxsize=1 << 16)
 def slice_for(persistence_id: str) -> int:
     """The slice (0..1023) of a persistence id, identical to Pekko's `sliceForPersistenceId`."""
     # Pekko computes math.abs(hashCode % numberOfSlices); for a modulus that

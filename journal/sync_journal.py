@@ -55,7 +55,6 @@ from journal.tables import Tables
 from journal.writer import (
     PreparedAppend,
     WriterSql,
-    append_params,
     appended_envelopes,
     opens_caller_transaction,
     prepare_append,
@@ -160,12 +159,12 @@ class SyncJournal:
         batch = prepare_append(
             self.serializers, persistence_id, events, expected_seq_nr, tags, metadata
         )
-        params = append_params(batch, self.settings.writer_id)
+        statement = self._writer.append_statement(batch, self.settings.writer_id)
         if conn is not None:
             if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
                 conn.execute("SELECT 1")
             with conn.transaction():
-                stored_at = self._insert(conn, params)
+                stored_at = self._insert(conn, statement)
                 if stored_at is None:
                     raise psycopg.Rollback()
                 self._notify(conn, batch)  # delivered only if the caller commits
@@ -174,17 +173,17 @@ class SyncJournal:
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
             with self.pool.connection() as own:
-                stored_at = self._insert(own, params)
+                stored_at = self._insert(own, statement)
                 if stored_at is None:
                     actual = self._highest(own, batch.persistence_id)
                     raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
                 self._notify(own, batch)  # after the commit: the connection autocommits
         return appended_envelopes(batch, stored_at, self.settings.writer_id)
 
-    def _insert(self, conn: Connection[Any], params: dict[str, Any]) -> datetime | None:
+    def _insert(self, conn: Connection[Any], statement: tuple[str, Any]) -> datetime | None:
         try:
             with conn.cursor() as cur:
-                cur.execute(self._writer.append, params)
+                cur.execute(*statement)
                 return stored_timestamp(cur.fetchone())
         except psycopg.errors.UniqueViolation:
             return None

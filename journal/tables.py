@@ -18,6 +18,17 @@ from journal.settings import JournalSettings
 _INDEX_SUFFIX = "_slice_idx"
 
 
+def rendered(statement: sql.Composable) -> str:
+    """`statement` as text, composed once instead of on every execution.
+
+    psycopg turns a `Composed` into bytes each time it runs it (quoting every
+    identifier again); for a statement run per event that is measurable. The
+    text is still built from `Identifier`s, and psycopg encodes it in each
+    connection's own encoding, so nothing about quoting changes.
+    """
+    return statement.as_string(None)
+
+
 @attrs.frozen
 class Tables:
     """Qualified identifiers for one journal installation (schema + table names)."""
