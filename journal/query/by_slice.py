@@ -196,6 +196,10 @@ class BySliceQuery:
         self._scan_seen: Mapping[str, int] = self._latest_seen
         # Backtracking position (None until the first backtracking query).
         self.latest_backtracking: TimestampOffset | None = None
+        # Before the first backtracking run: where it may start without re-reading
+        # anything it must. From the beginning, nothing lies before; a stream that
+        # resumes first re-reads a window before its offset, as it always did.
+        self._backtracked_to: datetime | None = EPOCH if start.timestamp == EPOCH else None
         self._bt_seen: dict[str, int] = {}
         self.backtracking = False
         self._after_backtracking = False
@@ -206,6 +210,7 @@ class BySliceQuery:
         self._last_full = True  # unknown position: count buckets before the first scan
         self._idle_polls = 0
         self._rows_since_backtracking = 0
+        self._read_at: datetime | None = None  # database time of the current query
         self._wait: Wait | None = None
         self._pending_notifications: list[float] = []
         self._last_emit = now
@@ -274,6 +279,7 @@ class BySliceQuery:
     def _rows_query(self, query: RowsQuery) -> RowsQuery:
         self._current = query
         self._rows = 0
+        self._read_at = None
         self.queries += 1
         if query.backtracking:
             self.backtracking_queries += 1
@@ -476,6 +482,7 @@ class BySliceQuery:
             return None
         self._latest_seen[pid] = seq_nr
         self.latest = TimestampOffset(ts, read_timestamp, self._latest_seen)
+        self._read_at = read_timestamp
         self._scan_from = ts
         self._scan_seen = self._latest_seen
         self._last_emit = now
@@ -501,6 +508,7 @@ class BySliceQuery:
             return
         self._rows_since_backtracking += rows
         self._idle_polls = self._idle_polls + 1 if rows == 0 else 0
+        self._backtracked_by_reading(query)
         if query.until_exclusive is not None:
             # A bounded chunk was read whole: nothing more is below its bound (or
             # the horizon, if that is lower), so the next scan may start there.
@@ -546,6 +554,31 @@ class BySliceQuery:
         _log.debug("%d rows: waiting %.3f s before the next query", rows, delay)
         if self._pending_notifications:
             self._notification_wait()
+
+    def _backtracked_by_reading(self, query: RowsQuery) -> None:
+        """Move the backtracking position past what this normal query read long enough
+        after it was written.
+
+        Backtracking re-reads a row once it is `backtracking.behind_current_time`
+        old, on the premise that every row is visible by then. A normal query that
+        read a stretch at least that long after its timestamps saw it just as
+        completely, so re-reading it would only yield duplicates. This is what
+        keeps a catch-up of recent events from reading its backlog twice. Only a
+        stretch that joins what is already covered counts (the query must start
+        at or before the backtracking position); rows younger than that delay
+        when read are still re-read.
+        """
+        read_at = self._read_at
+        if read_at is None or not self.live:
+            return
+        current = self.latest_backtracking
+        done = current.timestamp if current is not None else self._backtracked_to
+        if done is None or done < query.from_timestamp:
+            return
+        covered = min(self._scan_from, read_at - self.settings.backtracking.behind_current_time)
+        if covered > done:
+            self.latest_backtracking = TimestampOffset(covered, EPOCH, {})
+            self._bt_seen = {}
 
     def on_notification(self, now: float) -> None:
         """A NOTIFY for this range arrived: query as soon as its event is old enough."""
