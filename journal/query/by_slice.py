@@ -508,7 +508,6 @@ class BySliceQuery:
             return
         self._rows_since_backtracking += rows
         self._idle_polls = self._idle_polls + 1 if rows == 0 else 0
-        self._backtracked_by_reading(query)
         if query.until_exclusive is not None:
             # A bounded chunk was read whole: nothing more is below its bound (or
             # the horizon, if that is lower), so the next scan may start there.
@@ -520,12 +519,14 @@ class BySliceQuery:
                 self._scan_from = end
                 self._scan_seen = {}
             self._last_full = True
+            self._backtracked_by_reading(query)
             if not clipped:
                 return
             # Held back by an open transaction: wait as at the tail.
             self._tail_bound = end
         else:
             self._last_full = full
+            self._backtracked_by_reading(query)
             if full:
                 self._buckets = None  # catching up again: recount from here
             else:
