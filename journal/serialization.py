@@ -52,6 +52,7 @@ from uuid import UUID
 
 import attrs
 import cattrs
+import orjson
 from cattrs.cols import is_mapping, mapping_structure_factory
 from cattrs.strategies import configure_union_passthrough
 from cattrs.v import format_exception
@@ -61,6 +62,26 @@ from journal.model import SerializedPayload
 
 # One encoder for all events: json.dumps with options builds a new one per call.
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a
+# float; the standard library keeps it exact.
+_LONG_NUMBER: Final = re.compile(rb"\d{19}")
+
+
+def _loads(data: bytes) -> Any:
+    """Parse JSON exactly as `json.loads` does, with orjson's speed where that is safe.
+
+    Decoding runs once per event of every catch-up, and orjson parses a small
+    payload about eight times faster. Where the two could differ (integers too
+    long for 64 bits, NaN, lone surrogates, which orjson rejects), the standard
+    library decides.
+    """
+    if _LONG_NUMBER.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(bytes(data).decode("utf-8"))
+
 
 BYTES_SERIALIZER_ID: Final = 4  # Pekko's ByteArraySerializer
 JSON_SERIALIZER_ID: Final = 31  # the id Pekko gives its Jackson JSON serializer
@@ -245,7 +266,7 @@ class JsonSerializer:
         upcaster, or fields that do not fit the class.
         """
         try:
-            decoded = json.loads(bytes(data).decode("utf-8"))
+            decoded = _loads(data)
         except ValueError as e:
             raise DeserializationError(
                 f"payload with manifest {manifest!r} is not UTF-8 JSON: {e}"

@@ -20,6 +20,8 @@ from zoneinfo import ZoneInfo
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from journal import (
@@ -30,7 +32,7 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
-from journal.serialization import JSON_SERIALIZER_ID
+from journal.serialization import JSON_SERIALIZER_ID, JsonSerializer
 from tests.pg import fetch
 
 # -- event classes (module level, so their annotations resolve) -----------------
@@ -744,3 +746,24 @@ async def test_events_of_an_old_version_are_upcast_by_a_newer_journal(
     assert "newer than version 1" in str(error)
     with pytest.raises(DeserializationError):
         newer[0].decoded_event()
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: beyond 64 bits too
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),  # lone surrogates included
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_payloads_decode_exactly_as_the_standard_library_reads_them(value: Any) -> None:
+    """The fast decoder must never change a value: long integers stay exact, NaN and
+    lone surrogates (which orjson rejects) still decode, as with `json.loads`."""
+    data = json.dumps(value).encode("utf-8")
+    decoded = JsonSerializer().from_bytes(data, "")
+    assert json.dumps(decoded) == json.dumps(json.loads(data))
