@@ -26,6 +26,7 @@ from journal.query.by_slice import (
     Done,
     HeartbeatDue,
     HorizonQuery,
+    Request,
     RowsQuery,
     Wait,
     bucket_start,
@@ -104,6 +105,8 @@ class Model:
         for e in self.visible(now):
             ts = at(e.ts)
             if ts < q.from_timestamp:
+                continue
+            if q.until_exclusive is not None and ts >= q.until_exclusive:
                 continue
             if q.to_inclusive is not None and ts > q.to_inclusive:
                 continue
@@ -361,6 +364,43 @@ def _backtracking_runs(events: list[Ev], now: float) -> list[RowsQuery]:
     return seen_bt
 
 
+def test_bucket_counts_read_a_window_and_cross_gaps_longer_than_it() -> None:
+    """Counts stop at a window of bucket_limit buckets (so a catch-up from far back does
+    not count to the end of the journal on every chunk), and a gap longer than the
+    window is crossed by one count to the end."""
+    settings_ = fast(bucket_limit=4)  # a window of 40 s
+    sparse = [Ev("a", i + 1, 1.0 + 7.0 * i, 1.0 + 7.0 * i) for i in range(30)]
+    after_gap = [Ev("a", 31 + i, 5000.0 + i, 5000.0 + i) for i in range(30)]
+    events = sparse + after_gap
+    model = Model(events)
+    for live in (False, True):
+        machine = BySliceQuery(settings_, live=live, end=None if live else at(6000.0), now=0.0)
+        now, out, counts = 6000.0, [], []
+        for _ in range(400):
+            req = machine.next_request(now)
+            if isinstance(req, Done):
+                break
+            if isinstance(req, Wait):
+                now = req.until
+            elif isinstance(req, HorizonQuery):
+                machine.on_horizon(model.horizon(now))
+            elif isinstance(req, BucketsQuery):
+                counts.append(req)
+                machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+            else:
+                for e in model.rows(req, now):
+                    if machine.on_row(row(e), at(now), now) is not None and not req.backtracking:
+                        out.append((e.pid, e.seq_nr))
+                machine.on_rows_done(now)
+            if len(out) == len(events) and live:
+                break
+        assert out == [(e.pid, e.seq_nr) for e in events]
+        windowed = [q for q in counts if q.until_exclusive is not None]
+        assert windowed, "every count read to the end"
+        assert all(q.until_exclusive - q.from_timestamp <= timedelta(seconds=50) for q in windowed)
+        assert any(q.until_exclusive is None for q in counts), "the gap was never crossed"
+
+
 def test_backtracking_does_not_reread_what_a_normal_query_read_late_enough() -> None:
     # Read 46 s after they were written (backtracking stays 5 s behind): the normal
     # query saw them as completely as backtracking would, so no run re-reads them.
@@ -379,11 +419,17 @@ def test_backtracking_rereads_rows_younger_than_its_delay_and_never_passes_the_s
     assert all(q.to_inclusive == at(104.0) for q in seen_bt)
 
 
+def past_empty_counts(machine: BySliceQuery, request: Request, now: float) -> Request:
+    """Answer bucket counts of an empty journal (a windowed count, then one to the end)."""
+    while isinstance(request, BucketsQuery):
+        machine.on_buckets([])
+        request = machine.next_request(now)
+    return request
+
+
 def test_poll_delay_adapts_to_how_full_the_last_result_was() -> None:
     machine = BySliceQuery(pekko(buffer_size=10), now=0.0)
-    machine.next_request(0.0)
-    machine.on_buckets([])
-    q = machine.next_request(0.0)
+    q = past_empty_counts(machine, machine.next_request(0.0), 0.0)
     assert isinstance(q, RowsQuery) and q.limit == 10
     for i in range(10):
         machine.on_row(row(Ev("a", i + 1, float(i), 0)), at(0), 0.0)
@@ -394,9 +440,7 @@ def test_poll_delay_adapts_to_how_full_the_last_result_was() -> None:
 
 def test_notification_shortens_the_wait_to_behind_current_time() -> None:
     machine = BySliceQuery(pekko(), now=0.0)
-    machine.next_request(0.0)
-    machine.on_buckets([])
-    machine.next_request(0.0)
+    past_empty_counts(machine, machine.next_request(0.0), 0.0)
     machine.on_rows_done(0.0)
     wait = machine.next_request(0.0)
     assert isinstance(wait, Wait) and wait.until == pytest.approx(1.0)
@@ -564,10 +608,7 @@ def test_without_the_horizon_a_long_transaction_is_missed() -> None:
 def first_normal_query(machine: BySliceQuery, reading: Horizon, now: float) -> RowsQuery:
     assert isinstance(machine.next_request(now), HorizonQuery)
     machine.on_horizon(reading)
-    req = machine.next_request(now)
-    if isinstance(req, BucketsQuery):
-        machine.on_buckets([])
-        req = machine.next_request(now)
+    req = past_empty_counts(machine, machine.next_request(now), now)
     assert isinstance(req, RowsQuery) and not req.backtracking
     return req
 

@@ -93,11 +93,18 @@ class RowsQuery:
 
 @attrs.frozen
 class BucketsQuery:
-    """Count non-deleted rows per 10-second bucket from `from_timestamp` on."""
+    """Count non-deleted rows per 10-second bucket from `from_timestamp` on.
+
+    `until_exclusive` is the end of a window of `limit` buckets: ordered by
+    time across a slice range, the count cannot stop at `limit` buckets and
+    would otherwise read every row to the end of the journal on each count,
+    which makes a catch-up from far back cost the square of its length.
+    """
 
     from_timestamp: datetime
     to_inclusive: datetime | None
     limit: int
+    until_exclusive: datetime | None = None
 
 
 @attrs.frozen
@@ -204,6 +211,9 @@ class BySliceQuery:
         self.backtracking = False
         self._after_backtracking = False
         self._buckets: list[Bucket] | None = None
+        self._counting: BucketsQuery | None = None
+        # The last windowed count was empty: count once to the end, to cross a gap.
+        self._count_unbounded = False
         self._buckets_complete = False
         self._current: RowsQuery | None = None
         self._rows = 0
@@ -268,7 +278,13 @@ class BySliceQuery:
             return self._rows_query(self._backtracking_query())
         if self._needs_buckets():
             self.bucket_queries += 1
-            return BucketsQuery(self._scan_from, self.end, self.settings.bucket_limit)
+            limit = self.settings.bucket_limit
+            window = None
+            if not self._count_unbounded:
+                end = bucket_start(self._scan_from) + limit * BUCKET_SECONDS
+                window = EPOCH + timedelta(seconds=end)
+            self._counting = BucketsQuery(self._scan_from, self.end, limit, window)
+            return self._counting
         return self._rows_query(self._normal_query(now))
 
     def _heartbeat_due(self) -> float:
@@ -430,8 +446,16 @@ class BySliceQuery:
         The driver counts only complete buckets older than the query's lag, so
         no bound ever lies ahead of what a normal query may read.
         """
+        windowed = self._counting is not None and self._counting.until_exclusive is not None
+        self._counting = None
+        if windowed and not rows:
+            self._buckets = None  # nothing in the window: count again, to the end
+            self._count_unbounded = True
+            return
+        self._count_unbounded = False
         self._buckets = [Bucket(int(start), int(count)) for start, count in rows]
-        self._buckets_complete = len(rows) < self.settings.bucket_limit
+        # A window cut the count short of the end: its last bucket still bounds a scan.
+        self._buckets_complete = len(rows) < self.settings.bucket_limit and not windowed
         _log.debug("catch-up bound from %d bucket counts: %s", len(rows), self._bound())
 
     def on_horizon(self, horizon: Horizon) -> None:

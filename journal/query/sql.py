@@ -103,6 +103,9 @@ def slice_buckets(
         "limit": query.limit,
         "width": BUCKET_SECONDS,
     }
+    if query.until_exclusive is not None:
+        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
+        params["until_ts"] = query.until_exclusive
     if query.to_inclusive is not None:
         where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
         params["to_ts"] = query.to_inclusive
