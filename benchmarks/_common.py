@@ -35,14 +35,14 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
 
-from journal import Journal, JournalSettings
+from journal import Journal, JournalSettings, TimestampOffset
 from journal.dsn import DSN_ENV
 from journal.query.sql import envelope_columns
 from journal.schema import apply_schema
@@ -482,3 +482,94 @@ async def _database_now(conn: psycopg.AsyncConnection[Any], minus_seconds: float
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+@dataclass
+class Live:
+    """Appends and arrivals by (persistence id, seq_nr): the live-latency bookkeeping."""
+
+    appended: dict[tuple[str, int], float] = field(default_factory=dict)
+    arrived: dict[tuple[str, int], float] = field(default_factory=dict)
+    backtracking: int = 0
+    measured_from: float = 0.0
+    pending: set[tuple[str, int]] = field(default_factory=set)  # appended, not arrived
+    writer_done: bool = False
+    complete: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_appended(self, key: tuple[str, int], now: float) -> None:
+        self.appended[key] = now
+        if key not in self.arrived:
+            self.pending.add(key)
+
+    def on_arrived(self, key: tuple[str, int], now: float) -> None:
+        if key in self.arrived:
+            return
+        self.arrived[key] = now
+        self.pending.discard(key)
+        self.check_complete()
+
+    def check_complete(self) -> None:
+        if self.writer_done and not self.pending:
+            self.complete.set()
+
+    def latencies(self) -> list[float]:
+        return [
+            self.arrived[key] - t
+            for key, t in self.appended.items()
+            if t >= self.measured_from and key in self.arrived
+        ]
+
+    def missing(self) -> int:
+        return sum(key not in self.arrived for key in self.appended)
+
+
+async def consume(
+    journal: Journal, live: Live, entity_type: str, start: TimestampOffset | None = None
+) -> None:
+    """Record each envelope of a live stream over all slices as it arrives."""
+    loop = asyncio.get_running_loop()
+    stream = journal.events_by_slices(entity_type, 0, 1023, start)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for env in stream:
+            if env.source == "backtracking":
+                live.backtracking += 1
+                continue
+            live.on_arrived((env.persistence_id, env.seq_nr), loop.time())
+
+
+async def race(background: asyncio.Task[None], work: Awaitable[Any]) -> None:
+    """Await `work`, failing at once if `background` fails first."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait([task, background], return_when=asyncio.FIRST_COMPLETED)
+    if background in done:
+        task.cancel()
+        background.result()
+        raise RuntimeError("the stream ended on its own")
+    task.result()
+
+
+async def measure_live(
+    journal: Journal,
+    entity_type: str,
+    *,
+    rate: float,
+    seconds: float,
+    pids: int,
+    warmup: float,
+    drain: float,
+    start: TimestampOffset | None = None,
+) -> Live:
+    """Append at a steady rate while one live stream over all slices records arrivals."""
+    live = Live()
+    reader = asyncio.create_task(consume(journal, live, entity_type, start), name="consumer")
+    await asyncio.sleep(1.0)  # the stream is idle, the listener connected
+    writer = write_steadily(
+        journal, live, rate, seconds, entity_type=entity_type, pids=pids, warmup=warmup
+    )
+    await race(reader, writer)
+    with contextlib.suppress(TimeoutError):
+        await race(reader, asyncio.wait_for(live.complete.wait(), drain))
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    return live

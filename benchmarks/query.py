@@ -37,18 +37,17 @@ the baseline), query notifications off (`QuerySettings(notifications=False)`) an
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from _common import (
     Config,
+    Live,
     best,
     checkpoint,
     database,
@@ -59,6 +58,7 @@ from _common import (
     fresh_schema,
     insert_catch_up_events,
     latency_cells,
+    measure_live,
     parse_live_args,
     percentile,
     print_environment,
@@ -66,7 +66,6 @@ from _common import (
     run,
     slice_select,
     spread,
-    write_steadily,
 )
 
 from journal import (
@@ -210,43 +209,6 @@ def print_catch_up(results: dict[str, list[Run]]) -> float:
 # -- live latency ---------------------------------------------------------------------------
 
 
-@dataclass
-class Live:
-    appended: dict[tuple[str, int], float] = field(default_factory=dict)
-    arrived: dict[tuple[str, int], float] = field(default_factory=dict)
-    backtracking: int = 0
-    measured_from: float = 0.0
-    pending: set[tuple[str, int]] = field(default_factory=set)  # appended, not arrived
-    writer_done: bool = False
-    complete: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def on_appended(self, key: tuple[str, int], now: float) -> None:
-        self.appended[key] = now
-        if key not in self.arrived:
-            self.pending.add(key)
-
-    def on_arrived(self, key: tuple[str, int], now: float) -> None:
-        if key in self.arrived:
-            return
-        self.arrived[key] = now
-        self.pending.discard(key)
-        self.check_complete()
-
-    def check_complete(self) -> None:
-        if self.writer_done and not self.pending:
-            self.complete.set()
-
-    def latencies(self) -> list[float]:
-        return [
-            self.arrived[key] - t
-            for key, t in self.appended.items()
-            if t >= self.measured_from and key in self.arrived
-        ]
-
-    def missing(self) -> int:
-        return sum(key not in self.arrived for key in self.appended)
-
-
 LIVE_VARIANTS: dict[str, Callable[[str], JournalSettings]] = {
     "notifications on": lambda schema: JournalSettings(schema=schema),
     # The same, staying behind_current_time behind the clock (Pekko's rule): the
@@ -261,55 +223,24 @@ LIVE_VARIANTS: dict[str, Callable[[str], JournalSettings]] = {
 }
 
 
-async def consume(journal: Journal, live: Live) -> None:
-    loop = asyncio.get_running_loop()
-    stream = journal.events_by_slices(ENTITY_TYPE, 0, 1023)
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        async for env in stream:
-            if env.source == "backtracking":
-                live.backtracking += 1
-                continue
-            live.on_arrived((env.persistence_id, env.seq_nr), loop.time())
-
-
 async def run_live(dsn: str, name: str, config: Config) -> Live:
     schema = fresh_schema("bench_live")
     settings = LIVE_VARIANTS[name](schema)
-    live = Live()
     try:
         async with Journal.connect(dsn, settings, create_schema=True) as journal:
             await checkpoint(dsn)
-            reader = asyncio.create_task(consume(journal, live), name="consumer")
-            await asyncio.sleep(1.0)  # the stream is idle, the listener connected
-            writer = write_steadily(
+            live = await measure_live(
                 journal,
-                live,
-                config.rate,
-                config.live_seconds,
-                entity_type=ENTITY_TYPE,
+                ENTITY_TYPE,
+                rate=config.rate,
+                seconds=config.live_seconds,
                 pids=LIVE_PIDS,
                 warmup=LIVE_WARMUP,
+                drain=LIVE_DRAIN,
             )
-            await race(reader, writer)
-            with contextlib.suppress(TimeoutError):
-                await race(reader, asyncio.wait_for(live.complete.wait(), LIVE_DRAIN))
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
         return live
     finally:
         await drop_schema(dsn, schema)
-
-
-async def race(background: asyncio.Task[None], work: Awaitable[Any]) -> None:
-    """Await `work`, failing at once if `background` fails first."""
-    task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait([task, background], return_when=asyncio.FIRST_COMPLETED)
-    if background in done:
-        task.cancel()
-        background.result()
-        raise RuntimeError("the stream ended on its own")
-    task.result()
 
 
 def live_row(name: str, live: Live) -> list[str]:
