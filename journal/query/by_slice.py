@@ -211,8 +211,8 @@ class BySliceQuery:
         self.backtracking = False
         self._after_backtracking = False
         self._buckets: list[Bucket] | None = None
-        self._counting: BucketsQuery | None = None
-        # The last windowed count was empty: count once to the end, to cross a gap.
+        # The last windowed count was empty: count once to the end, to cross a gap
+        # (so the count asked for, and being answered, is windowed unless this is set).
         self._count_unbounded = False
         self._buckets_complete = False
         self._current: RowsQuery | None = None
@@ -283,8 +283,7 @@ class BySliceQuery:
             if not self._count_unbounded:
                 end = bucket_start(self._scan_from) + limit * BUCKET_SECONDS
                 window = EPOCH + timedelta(seconds=end)
-            self._counting = BucketsQuery(self._scan_from, self.end, limit, window)
-            return self._counting
+            return BucketsQuery(self._scan_from, self.end, limit, window)
         return self._rows_query(self._normal_query(now))
 
     def _heartbeat_due(self) -> float:
@@ -446,8 +445,7 @@ class BySliceQuery:
         The driver counts only complete buckets older than the query's lag, so
         no bound ever lies ahead of what a normal query may read.
         """
-        windowed = self._counting is not None and self._counting.until_exclusive is not None
-        self._counting = None
+        windowed = not self._count_unbounded
         if windowed and not rows:
             self._buckets = None  # nothing in the window: count again, to the end
             self._count_unbounded = True
