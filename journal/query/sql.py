@@ -7,6 +7,7 @@ complete buckets) are visible side by side.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from psycopg import sql
@@ -28,21 +29,35 @@ SLICE_RANGE = sql.SQL(
 )
 
 
+def time_bounds(
+    from_timestamp: datetime | None,
+    until_exclusive: datetime | None,
+    to_inclusive: datetime | None,
+) -> tuple[list[sql.Composable], dict[str, Any]]:
+    """The `db_timestamp` conditions of a scan and their parameters (`from_ts`,
+    `until_ts`, `to_ts`); None leaves that side open. Every read of a stretch of
+    the journal (slice rows, bucket counts, Spark partitions) bounds it this way."""
+    where: list[sql.Composable] = []
+    params: dict[str, Any] = {}
+    if from_timestamp is not None:
+        where.append(sql.SQL("db_timestamp >= %(from_ts)s"))
+        params["from_ts"] = from_timestamp
+    if until_exclusive is not None:
+        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
+        params["until_ts"] = until_exclusive
+    if to_inclusive is not None:
+        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
+        params["to_ts"] = to_inclusive
+    return where, params
+
+
 def slice_rows(
     tables: Tables, entity_type: str, min_slice: int, max_slice: int, query: RowsQuery
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT for one slice-range RowsQuery; the last column is the read time."""
-    where: list[sql.Composable] = [
-        SLICE_RANGE,
-        sql.SQL("db_timestamp >= %(from_ts)s"),
-        sql.SQL("deleted = false"),
-    ]
-    params: dict[str, Any] = {
-        "entity_type": entity_type,
-        "min_slice": min_slice,
-        "max_slice": max_slice,
-        "from_ts": query.from_timestamp,
-    }
+    bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
+    where: list[sql.Composable] = [SLICE_RANGE, *bounds, sql.SQL("deleted = false")]
+    params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice}
     if query.exclude:
         # Events at exactly the start timestamp that were already emitted.
         where.append(
@@ -54,12 +69,6 @@ def slice_rows(
         )
         params["ex_pids"] = list(query.exclude.keys())
         params["ex_seqs"] = list(query.exclude.values())
-    if query.to_inclusive is not None:
-        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
-        params["to_ts"] = query.to_inclusive
-    if query.until_exclusive is not None:
-        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
-        params["until_ts"] = query.until_exclusive
     if query.horizon is not None:
         where.append(sql.SQL("db_timestamp < %(horizon)s"))
         params["horizon"] = query.horizon
@@ -94,22 +103,16 @@ def slice_buckets(
     `event_journal_slice_idx`, and a chunk that returns fewer rows than
     counted is simply read to its bound.
     """
-    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("db_timestamp >= %(from_ts)s")]
-    params: dict[str, Any] = {
+    bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
+    where: list[sql.Composable] = [SLICE_RANGE, *bounds]
+    params |= {
         "entity_type": entity_type,
         "min_slice": min_slice,
         "max_slice": max_slice,
-        "from_ts": query.from_timestamp,
         "limit": query.limit,
         "width": BUCKET_SECONDS,
     }
-    if query.until_exclusive is not None:
-        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
-        params["until_ts"] = query.until_exclusive
-    if query.to_inclusive is not None:
-        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
-        params["to_ts"] = query.to_inclusive
-    else:
+    if query.to_inclusive is None:
         where.append(
             sql.SQL(
                 "db_timestamp < to_timestamp(floor(extract(epoch FROM "

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from journal.query.sql import SLICE_RANGE, envelope_columns
+from journal.query.sql import SLICE_RANGE, envelope_columns, time_bounds
 from journal.slices import SliceRange
 from journal.tables import Tables
 from projections.spark.options import SourceOptions
@@ -47,17 +47,9 @@ def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
 def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     """The partition's rows, not deleted, ordered by (db_timestamp, seq_nr) — so each
     persistence id's events come in seq_nr order."""
-    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("deleted = false")]
-    params = _range_params(plan.options, plan.slice_range)
-    if plan.from_timestamp is not None:
-        where.append(sql.SQL("db_timestamp >= %(from_ts)s"))
-        params["from_ts"] = plan.from_timestamp
-    if plan.until_exclusive is not None:
-        where.append(sql.SQL("db_timestamp < %(until_ts)s"))
-        params["until_ts"] = plan.until_exclusive
-    if plan.to_inclusive is not None:
-        where.append(sql.SQL("db_timestamp <= %(to_ts)s"))
-        params["to_ts"] = plan.to_inclusive
+    bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
+    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("deleted = false"), *bounds]
+    params |= _range_params(plan.options, plan.slice_range)
     if plan.persistence_ids:
         where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
         params["pids"] = list(plan.persistence_ids)
