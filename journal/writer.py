@@ -95,6 +95,46 @@ def prepare_append(
     )
 
 
+# The append, in parts shared by its batch and single-event forms. Binary
+# parameters: psycopg would otherwise escape every array element as text.
+_PREVIOUS = sql.SQL(
+    """WITH prev AS (
+      SELECT seq_nr, db_timestamp FROM {journal}
+      WHERE persistence_id = %(pid)b ORDER BY seq_nr DESC LIMIT 1
+    )"""
+)
+_INSERT = sql.SQL(
+    """
+    INSERT INTO {journal} (
+      slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
+      event_ser_id, event_ser_manifest, event_payload, tags,
+      meta_ser_id, meta_ser_manifest, meta_payload, deleted
+    )
+    SELECT %(slice)b, %(entity_type)b, %(pid)b, %(expected)b + {seq_nr},
+      GREATEST(
+        transaction_timestamp(),
+        (SELECT db_timestamp FROM prev) + interval '1 microsecond'
+      ),
+      %(writer)b, {event}, %(tags)b::text[],
+      %(meta_ser_id)b::int, %(meta_manifest)b::text, %(meta_payload)b::bytea, false
+    {source}
+    WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %(expected)b"""
+)
+_ONE_EVENT = {
+    "event": sql.SQL("%(ser_id)b::int, %(manifest)b::text, %(payload)b::bytea"),
+    "source": sql.SQL(""),
+    "seq_nr": sql.SQL("1"),
+}
+_EVENTS = {
+    "event": sql.SQL("e.ser_id, e.manifest, e.payload"),
+    "source": sql.SQL(
+        "FROM unnest(%(ser_ids)b::int[], %(manifests)b::text[], %(payloads)b::bytea[])"
+        " WITH ORDINALITY AS e(ser_id, manifest, payload, n)"
+    ),
+    "seq_nr": sql.SQL("e.n"),
+}
+
+
 @attrs.frozen
 class WriterSql:
     """The write side's statements for one journal table, shared by both drivers."""
@@ -109,62 +149,22 @@ class WriterSql:
     def of(cls, tables: Tables) -> WriterSql:
         journal = tables.journal
         return cls(
-            # Binary parameters: psycopg would otherwise escape every array element
-            # as text. One result row: all events of an append share the timestamp.
+            # One result row: all events of an append share the timestamp.
             append=rendered(
-                sql.SQL(
-                    """
-            WITH prev AS (
-              SELECT seq_nr, db_timestamp FROM {journal}
-              WHERE persistence_id = %(pid)b ORDER BY seq_nr DESC LIMIT 1
-            ), ins AS (
-              INSERT INTO {journal} (
-                slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
-                event_ser_id, event_ser_manifest, event_payload, tags,
-                meta_ser_id, meta_ser_manifest, meta_payload, deleted
-              )
-              SELECT %(slice)b, %(entity_type)b, %(pid)b, %(expected)b + e.n,
-                GREATEST(
-                  transaction_timestamp(),
-                  (SELECT db_timestamp FROM prev) + interval '1 microsecond'
-                ),
-                %(writer)b, e.ser_id, e.manifest, e.payload, %(tags)b::text[],
-                %(meta_ser_id)b::int, %(meta_manifest)b::text, %(meta_payload)b::bytea, false
-              FROM unnest(%(ser_ids)b::int[], %(manifests)b::text[], %(payloads)b::bytea[])
-                   WITH ORDINALITY AS e(ser_id, manifest, payload, n)
-              WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %(expected)b
-              RETURNING db_timestamp
-            )
-            SELECT count(*), max(db_timestamp) FROM ins
-            """
-                ).format(journal=journal)
+                sql.SQL("{prev}, ins AS ({insert} RETURNING db_timestamp) ").format(
+                    prev=_PREVIOUS.format(journal=journal),
+                    insert=_INSERT.format(journal=journal, **_EVENTS),
+                )
+                + sql.SQL("SELECT count(*), max(db_timestamp) FROM ins")
             ),
-            # The same for one event, with positional parameters (see
-            # `append_statement`); the result row has the same shape: (1, timestamp),
-            # or no row when `expected_seq_nr` is not current.
+            # The same for one event, without arrays to dump and unnest; the result
+            # row has the same shape: (1, timestamp), or no row when
+            # `expected_seq_nr` is not current.
             append_one=rendered(
-                sql.SQL(
-                    """
-            WITH prev AS (
-              SELECT seq_nr, db_timestamp FROM {journal}
-              WHERE persistence_id = %b ORDER BY seq_nr DESC LIMIT 1
-            )
-            INSERT INTO {journal} (
-              slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
-              event_ser_id, event_ser_manifest, event_payload, tags,
-              meta_ser_id, meta_ser_manifest, meta_payload, deleted
-            )
-            SELECT %b, %b, %b, %b + 1,
-              GREATEST(
-                transaction_timestamp(),
-                (SELECT db_timestamp FROM prev) + interval '1 microsecond'
-              ),
-              %b, %b::int, %b::text, %b::bytea, %b::text[],
-              %b::int, %b::text, %b::bytea, false
-            WHERE COALESCE((SELECT seq_nr FROM prev), 0) = %b
-            RETURNING 1, db_timestamp
-            """
-                ).format(journal=journal)
+                sql.SQL("{prev} {insert} RETURNING 1, db_timestamp").format(
+                    prev=_PREVIOUS.format(journal=journal),
+                    insert=_INSERT.format(journal=journal, **_ONE_EVENT),
+                )
             ),
             highest=sql.SQL(
                 "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
@@ -182,30 +182,27 @@ class WriterSql:
     def append_statement(self, batch: PreparedAppend, writer_id: str) -> tuple[str, Any]:
         """The statement that stores a prepared batch, and its parameters."""
         meta = batch.meta
-        tags = list(batch.tags) or None
-        if len(batch.payloads) == 1:
-            (payload,) = batch.payloads
-            pid, expected = batch.persistence_id, batch.expected_seq_nr
-            return self.append_one, (
-                pid, batch.slice, batch.entity_type, pid, expected, writer_id,
-                payload.serializer_id, payload.manifest, payload.payload, tags,
-                meta.serializer_id if meta else None, meta.manifest if meta else None,
-                meta.payload if meta else None, expected,
-            )  # fmt: skip
-        return self.append, {
+        params: dict[str, Any] = {
             "pid": batch.persistence_id,
             "slice": batch.slice,
             "entity_type": batch.entity_type,
             "writer": writer_id,
-            "tags": tags,
+            "tags": list(batch.tags) or None,
             "meta_ser_id": meta.serializer_id if meta else None,
             "meta_manifest": meta.manifest if meta else None,
             "meta_payload": meta.payload if meta else None,
-            "ser_ids": [p.serializer_id for p in batch.payloads],
-            "manifests": [p.manifest for p in batch.payloads],
-            "payloads": [p.payload for p in batch.payloads],
             "expected": batch.expected_seq_nr,
         }
+        if len(batch.payloads) == 1:
+            (payload,) = batch.payloads
+            params["ser_id"] = payload.serializer_id
+            params["manifest"] = payload.manifest
+            params["payload"] = payload.payload
+            return self.append_one, params
+        params["ser_ids"] = [p.serializer_id for p in batch.payloads]
+        params["manifests"] = [p.manifest for p in batch.payloads]
+        params["payloads"] = [p.payload for p in batch.payloads]
+        return self.append, params
 
 
 def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:
