@@ -131,12 +131,16 @@ def drive(
     until: float,
     step: float = 0.0,
     stop_after: int | None = None,
+    requests: list[Request] | None = None,
 ) -> list[Emitted]:
-    """Run the machine in simulated time; each query takes `step` seconds."""
+    """Run the machine in simulated time; each query takes `step` seconds. Every
+    request is also appended to `requests`, if given."""
     now = start
     out: list[Emitted] = []
     while now < until:
         req = machine.next_request(now)
+        if requests is not None:
+            requests.append(req)
         if isinstance(req, Done):
             break
         if isinstance(req, Wait):
@@ -341,23 +345,11 @@ def test_catch_up_scans_are_bounded_by_bucket_counts() -> None:
 
 def _backtracking_runs(events: list[Ev], now: float) -> list[RowsQuery]:
     """Drive a live machine over `events` from `now`; the backtracking queries it asks for."""
-    machine = BySliceQuery(fast(), now=0.0)
-    model = Model(events)
-    seen_bt: list[RowsQuery] = []
-    for _ in range(50):
-        req = machine.next_request(now)
-        if isinstance(req, Wait):
-            now = req.until
-        elif isinstance(req, HorizonQuery):
-            machine.on_horizon(model.horizon(now))
-        elif isinstance(req, BucketsQuery):
-            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
-        elif isinstance(req, RowsQuery):
-            if req.backtracking:
-                seen_bt.append(req)
-            for e in model.rows(req, now):
-                machine.on_row(row(e), at(now), now)
-            machine.on_rows_done(now)
+    requests: list[Request] = []
+    drive(
+        BySliceQuery(fast(), now=0.0), Model(events), start=now, until=now + 60, requests=requests
+    )
+    seen_bt = [q for q in requests if isinstance(q, RowsQuery) and q.backtracking]
     assert seen_bt, "backtracking never ran"
     assert all(q.with_payload is False for q in seen_bt)
     assert all(q.behind_current_time == timedelta(seconds=5) for q in seen_bt)
@@ -372,28 +364,12 @@ def test_bucket_counts_read_a_window_and_cross_gaps_longer_than_it() -> None:
     sparse = [Ev("a", i + 1, 1.0 + 7.0 * i, 1.0 + 7.0 * i) for i in range(30)]
     after_gap = [Ev("a", 31 + i, 5000.0 + i, 5000.0 + i) for i in range(30)]
     events = sparse + after_gap
-    model = Model(events)
     for live in (False, True):
         machine = BySliceQuery(settings_, live=live, end=None if live else at(6000.0), now=0.0)
-        now, out, counts = 6000.0, [], []
-        for _ in range(400):
-            req = machine.next_request(now)
-            if isinstance(req, Done):
-                break
-            if isinstance(req, Wait):
-                now = req.until
-            elif isinstance(req, HorizonQuery):
-                machine.on_horizon(model.horizon(now))
-            elif isinstance(req, BucketsQuery):
-                counts.append(req)
-                machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
-            else:
-                for e in model.rows(req, now):
-                    if machine.on_row(row(e), at(now), now) is not None and not req.backtracking:
-                        out.append((e.pid, e.seq_nr))
-                machine.on_rows_done(now)
-            if len(out) == len(events) and live:
-                break
+        requests: list[Request] = []
+        emitted = drive(machine, Model(events), start=6000.0, until=6060.0, requests=requests)
+        out = [o.ev for o in emitted if o.source == "query"]
+        counts = [q for q in requests if isinstance(q, BucketsQuery)]
         assert out == [(e.pid, e.seq_nr) for e in events]
         windowed = [q for q in counts if q.until_exclusive is not None]
         assert windowed, "every count read to the end"
