@@ -13,7 +13,9 @@ the database clock. The transaction then rolls
 back and the runner raises `LeaseLost`. A fenced handler transaction also
 starts with `Fence.idle_limit()`: it may sit idle at most the lease TTL, so a
 worker frozen mid-batch has its transaction (and the read-model rows it
-locked) ended by the server instead of holding the next owner up.
+locked) ended by the server instead of holding the next owner up. The server
+arms that timeout only when a statement ends with a Sync, so a fenced
+transaction is never pipelined.
 
 Without a fence the offset rows themselves still guard against doubles: event
 rows are inserted without `ON CONFLICT`, so a second instance storing the same

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -336,15 +336,8 @@ class Projection:
 
     async def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
-        # Pipeline mode sends BEGIN, the handler's statements, the offsets and
-        # COMMIT without waiting for each reply (a handler reading results
-        # still gets them: psycopg syncs on demand).
         check_decoded(envelopes)
-        async with (
-            self.journal.pool.connection() as conn,
-            conn.pipeline(),
-            conn.transaction(),
-        ):
+        async with self.journal.pool.connection() as conn, self._round_trips(conn):
             if self._fence is not None:
                 await conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
@@ -353,6 +346,23 @@ class Projection:
                 for env in envelopes:
                     await self._handler(conn, env)
             await self._dao.save(conn, self.key, commit.records, self._fence)
+
+    def _round_trips(
+        self, conn: AsyncConnection[Any]
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The handler transaction's context: pipelined unless fenced.
+
+        Pipeline mode sends BEGIN, the handler's statements, the offsets and
+        COMMIT without waiting for each reply. But the server arms
+        `idle_in_transaction_session_timeout` only at a Sync, and a pipeline
+        has none before COMMIT: a fleet worker frozen mid-batch would keep its
+        read-model row locks, and after the fence its lease row, locked until
+        it resumed, and the range's next owner could never claim it. A fenced
+        transaction therefore syncs every statement.
+        """
+        if self._fence is not None:
+            return conn.transaction()
+        return _pipelined_transaction(conn)
 
     def _raise_offset_failure(self, error: Exception) -> None:
         """A lost lease or an offset conflict ends the instance at once: no retry can help."""
@@ -441,3 +451,9 @@ class Projection:
         async with self.journal.pool.connection() as conn:
             deleted = await self._dao.cleanup(conn, self.slice_range, self.settings.time_window)
         self._core.cleaned_up(deleted)
+
+
+@contextlib.asynccontextmanager
+async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    async with conn.pipeline(), conn.transaction():
+        yield

@@ -228,3 +228,59 @@ async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
     assert (applied, distinct) == (0, 0), "the frozen instance's batch was committed"
     rows = await fetch_offsets(journal)
     assert rows == 0, "offsets of the rolled-back batch were stored"
+
+
+@pytest.mark.timeout(60)
+async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_ttl(
+    journal: Journal,
+) -> None:
+    """A worker frozen with a batch in flight (SIGSTOP, a VM paused) must not hold the
+    read-model rows it wrote, nor its lease row, for longer than the lease TTL: the
+    server ends its transaction. Here the "frozen" handler has written a balance row and
+    never returns; another transaction must get that row's lock soon after the TTL."""
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    in_flight = asyncio.Event()
+    inner = bank.make_grouped_handler(journal)
+
+    async def frozen_handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        await inner(conn, envs)
+        in_flight.set()
+        await asyncio.Event().wait()  # never resumes
+
+    projection = Projection.grouped(
+        journal,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=everything,
+        handler=frozen_handler,
+        settings=ProjectionSettings(group_after_envelopes=1, group_after_duration=0.05),
+        query_settings=fast_query_settings(),
+    )
+    ttl_ms = 1_000
+    epoch = await claim(journal, everything, "me")
+    run = asyncio.create_task(
+        projection.run(fence=Fence("balances", everything, "me", epoch, ttl_ms))
+    )
+    balances = bank.table(journal, "balances")
+    pid = f"{bank.ENTITY}|a"
+    async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
+        # An existing row, so that the handler's upsert locks it.
+        await conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, 0)").format(balances), (pid,))
+    try:
+        await journal.append(pid, [{"amount": 5}], expected_seq_nr=0)
+        await asyncio.wait_for(in_flight.wait(), 20)
+        started = asyncio.get_running_loop().time()
+        lock = sql.SQL("SELECT balance FROM {} WHERE pid = %s FOR UPDATE").format(balances)
+        async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
+            # Bounded well under the test's limit: a lock held forever fails here, not by hanging.
+            await conn.execute("SET lock_timeout = '10s'")
+            await conn.execute(lock, (pid,))
+        waited = asyncio.get_running_loop().time() - started
+        assert waited < 10, waited
+    finally:
+        run.cancel()
+        with contextlib.suppress(BaseException):
+            await run
+    _, applied, _ = await bank.projected(journal)
+    assert applied == 0, "the frozen batch was committed"
