@@ -6,18 +6,24 @@ Four cases: 1 and 8 concurrent writers x batches of 1 and 100 events. Each
 writer appends to its own 50 persistence ids in rotation, tracking
 `expected_seq_nr`; every event is `{"amount": 42, "note": "deposit"}`.
 
-Per case three variants are measured, each run in a fresh schema:
+Per case four variants are measured, each run in a fresh schema:
 
 - raw: psycopg `AsyncConnection`s (autocommit, one per writer) running one
   multi-row `INSERT ... VALUES` per batch with the very rows the journal would
   store (same columns and values, `db_timestamp = transaction_timestamp()`).
+- journal SQL: the same connections running the journal's own append
+  statement (previous-row lookup, `expected_seq_nr` check, insert, the stored
+  timestamp fetched back) with no library code around it: no pool, no
+  validation, no envelopes. It is the ceiling for the journal: what the
+  statement itself costs over a bare INSERT.
 - journal: `Journal.append` with default settings (post-commit NOTIFY on),
   pool of writers + 2 connections.
 - journal, notify off: the same with `JournalSettings(notify=False)`.
 
 Variants are interleaved (round 1: raw, journal, no-notify; round 2 reversed,
 ...) because the machine is shared and noisy; the table shows each variant's
-best run. The goal is journal/raw >= 0.8 in every case with NOTIFY on.
+best run. The goal is journal/raw >= 0.8 in every case with NOTIFY on;
+journal/SQL shows how much of the gap is the library rather than the statement.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +57,11 @@ from _common import (
 from psycopg import sql
 
 from journal import Journal, JournalSettings, slice_for
+from journal.model import SerializedPayload
 from journal.schema import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.tables import Tables
+from journal.writer import PreparedAppend, WriterSql
 
 EVENT: dict[str, Any] = {"amount": 42, "note": "deposit"}
 ENTITY_TYPE = "Account"
@@ -61,9 +70,10 @@ WRITER_ID = "bench-append"  # the `writer` column, identical for raw and journal
 GOAL = 0.8
 
 RAW = "raw"
+SQL_ONLY = "journal SQL"
 JOURNAL = "journal"
 NO_NOTIFY = "journal notify=off"
-VARIANTS = (RAW, JOURNAL, NO_NOTIFY)
+VARIANTS = (RAW, SQL_ONLY, JOURNAL, NO_NOTIFY)
 
 
 @dataclass(frozen=True)
@@ -110,19 +120,23 @@ def serialize(event: dict[str, Any]) -> bytes:
 # -- variants -------------------------------------------------------------------------
 
 
-async def run_raw(dsn: str, case: Case, timing: Timing) -> Rate:
+Writer = Callable[[psycopg.AsyncConnection[Any], Tables, PidRotation, int], Operation]
+
+
+async def run_raw(dsn: str, case: Case, timing: Timing, writer: Writer) -> Rate:
+    """`writer` over one dedicated connection per writer (no pool, no journal)."""
     schema = fresh_schema("bench_raw")
     settings = JournalSettings(schema=schema)
     try:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await apply_schema(conn, settings)
-        insert = raw_insert_sql(Tables(settings).journal, case.batch)
+        tables = Tables(settings)
         conns = [
             await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(case.writers)
         ]
         try:
             workers = [
-                raw_writer(conn, insert, PidRotation(w), case.batch) for w, conn in enumerate(conns)
+                writer(conn, tables, PidRotation(w), case.batch) for w, conn in enumerate(conns)
             ]
             rate = await measure_after_checkpoint(dsn, workers, timing)
         finally:
@@ -157,9 +171,10 @@ def raw_insert_sql(table: sql.Composable, batch: int) -> str:
 
 
 def raw_writer(
-    conn: psycopg.AsyncConnection[Any], insert: str, pids: PidRotation, batch: int
+    conn: psycopg.AsyncConnection[Any], tables: Tables, pids: PidRotation, batch: int
 ) -> Operation:
     events = [EVENT] * batch
+    insert = raw_insert_sql(tables.journal, batch)
     cursor = psycopg.AsyncRawCursor(conn)
 
     async def append() -> int:
@@ -178,6 +193,30 @@ def raw_writer(
                 serialize(event),
             )
         await cursor.execute(insert, params)
+        pids.seq_nrs[i] = seq_nr + batch
+        return batch
+
+    return append
+
+
+def statement_writer(
+    conn: psycopg.AsyncConnection[Any], tables: Tables, pids: PidRotation, batch: int
+) -> Operation:
+    """The journal's append statement and its parameters, run as a hand-written client would."""
+    statements = WriterSql.of(tables)
+    events = (EVENT,) * batch
+
+    async def append() -> int:
+        i = pids.next()
+        pid, seq_nr = pids.pids[i], pids.seq_nrs[i]
+        payloads = tuple(SerializedPayload(JSON_SERIALIZER_ID, "", serialize(e)) for e in events)
+        prepared = PreparedAppend(
+            pid, ENTITY_TYPE, pids.slices[i], seq_nr, events, payloads, (), None, None
+        )
+        async with conn.cursor() as cur:
+            await cur.execute(*statements.append_statement(prepared, WRITER_ID))
+            if await cur.fetchone() is None:
+                raise RuntimeError(f"{pid}: expected_seq_nr {seq_nr} was not current")
         pids.seq_nrs[i] = seq_nr + batch
         return batch
 
@@ -233,7 +272,9 @@ async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
 
 async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Rate:
     if variant == RAW:
-        return await run_raw(dsn, case, timing)
+        return await run_raw(dsn, case, timing, raw_writer)
+    if variant == SQL_ONLY:
+        return await run_raw(dsn, case, timing, statement_writer)
     return await run_journal(dsn, case, timing, notify=variant == JOURNAL)
 
 
@@ -251,10 +292,12 @@ async def run_case(dsn: str, case: Case, timing: Timing) -> dict[str, list[float
             )
     if timing.rounds > 1:
         paired = [j / r for j, r in zip(results[JOURNAL], results[RAW], strict=True)]
+        ceiling = [q / r for q, r in zip(results[SQL_ONLY], results[RAW], strict=True)]
         on_off = [j / q for j, q in zip(results[JOURNAL], results[NO_NOTIFY], strict=True)]
         print(
             f"  {case.name:<22} per round: journal/raw "
-            f"{', '.join(map(format_ratio, paired))}; notify on/off "
+            f"{', '.join(map(format_ratio, paired))}; SQL/raw "
+            f"{', '.join(map(format_ratio, ceiling))}; notify on/off "
             f"{', '.join(map(format_ratio, on_off))}",
             flush=True,
         )
@@ -264,14 +307,16 @@ async def run_case(dsn: str, case: Case, timing: Timing) -> dict[str, list[float
 def summary_rows(results: dict[Case, dict[str, list[float]]]) -> list[list[str]]:
     rows = []
     for case, runs in results.items():
-        raw, journal, quiet = (best(runs[v]) for v in VARIANTS)
+        raw, statement, journal, quiet = (best(runs[v]) for v in VARIANTS)
         rows.append(
             [
                 case.name,
                 format_rate(raw),
+                format_rate(statement),
+                format_ratio(statement / raw),
                 format_rate(journal),
                 format_ratio(journal / raw),
-                format_rate(quiet),
+                format_ratio(journal / statement),
                 format_ratio(quiet / raw),
                 format_ratio(journal / quiet),
                 f"{max(spread(runs[v]) for v in VARIANTS):.0%}" if len(runs[RAW]) > 1 else "-",
@@ -297,9 +342,11 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         [
             "case",
             "raw ev/s",
+            "SQL ev/s",
+            "SQL/raw",
             "journal ev/s",
             "journal/raw",
-            "no-notify ev/s",
+            "journal/SQL",
             "no-notify/raw",
             "notify on/off",
             "spread",
@@ -311,8 +358,9 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
     met = sum(ratio >= GOAL for ratio in ratios)
     print()
     print(
-        "events/s: best run of each variant; journal/raw and no-notify/raw: ratios of those bests; "
-        "notify on/off: journal / journal notify=off;\nspread: the largest (max - min) / median "
+        "events/s: best run of each variant; the ratios are of those bests. SQL: the journal's "
+        "append statement alone, on dedicated connections (the ceiling for journal/raw);\n"
+        "notify on/off: journal / journal notify=off; spread: the largest (max - min) / median "
         "over the runs of one variant in the case (high = noisy machine, read with care)."
     )
     print(
