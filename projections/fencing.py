@@ -24,12 +24,14 @@ event fails with `OffsetConflict` instead of applying it twice.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import psycopg
 from psycopg import sql
 
 from journal.slices import SliceRange
-from journal.tables import Tables
+from journal.tables import Tables, rendered
 from projections.errors import LeaseLost, OffsetConflict, ProjectionError
 
 FENCE_SQLSTATE = "SJ001"
@@ -45,10 +47,9 @@ class Fence:
     epoch: int
     idle_timeout_ms: int
 
-    def statement(self, tables: Tables) -> tuple[sql.Composed, tuple[object, ...]]:
-        query = sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(tables.lease_fence)
+    def statement(self, tables: Tables) -> tuple[str, tuple[object, ...]]:
         r = self.slice_range
-        return query, (
+        return _fence_call(tables), (
             self.projection_name,
             r.min_slice,
             r.max_slice,
@@ -63,6 +64,12 @@ class Fence:
         row locks held) cannot block the range's next owner for long."""
         query = sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
         return query, (str(self.idle_timeout_ms),)
+
+
+@functools.cache
+def _fence_call(tables: Tables) -> str:
+    """The fence function's call, composed once per installation: it runs in every batch."""
+    return rendered(sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(tables.lease_fence))
 
 
 def offset_error(error: BaseException, tables: Tables, where: str) -> ProjectionError | None:

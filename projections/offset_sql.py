@@ -24,7 +24,7 @@ from cachetools import LRUCache
 from psycopg import sql
 
 from journal.slices import SliceRange
-from journal.tables import Tables
+from journal.tables import Tables, rendered
 from projections.fencing import Fence
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
 
@@ -36,7 +36,7 @@ _MAX_ROWS_PER_INSERT = 4096  # 4 parameters a row; PostgreSQL allows 65535 per s
 class Statement:
     """One statement to run; `raw` ones use native `$n` placeholders (a raw cursor)."""
 
-    query: sql.SQL | sql.Composed
+    query: str | sql.SQL | sql.Composed
     params: Any
     raw: bool = False
 
@@ -52,26 +52,35 @@ class OffsetSql:
         t = tables.offset_store
         self._tables = tables
         self._table = t
-        self._load = sql.SQL(
-            "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
-            "WHERE projection_name = %s AND slice BETWEEN %s AND %s"
-        ).format(t=t)
-        self._delete_markers = sql.SQL(
-            "DELETE FROM {t} WHERE projection_name = %(name)s AND slice = ANY(%(slices)s::int[]) "
-            "AND persistence_id = %(pid)s AND seq_nr = %(seq)s"
-        ).format(t=t)
-        self._cleanup = sql.SQL(
-            "DELETE FROM {t} AS o USING ("
-            "  SELECT slice, max(timestamp_offset) AS latest FROM {t} "
-            "  WHERE projection_name = %(name)s AND slice BETWEEN %(lo)s AND %(hi)s "
-            "  GROUP BY slice) AS l "
-            "WHERE o.projection_name = %(name)s AND o.slice = l.slice "
-            "AND o.timestamp_offset < l.latest - %(window)s::interval"
-        ).format(t=t)
-        self._values_by_size: LRUCache[int, sql.Composed] = LRUCache(_CACHED_BATCH_SIZES)
-        self._clear = sql.SQL(
-            "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
-        ).format(t=t)
+        self._load = rendered(
+            sql.SQL(
+                "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
+                "WHERE projection_name = %s AND slice BETWEEN %s AND %s"
+            ).format(t=t)
+        )
+        self._delete_markers = rendered(
+            sql.SQL(
+                "DELETE FROM {t} WHERE projection_name = %(name)s "
+                "AND slice = ANY(%(slices)s::int[]) "
+                "AND persistence_id = %(pid)s AND seq_nr = %(seq)s"
+            ).format(t=t)
+        )
+        self._cleanup = rendered(
+            sql.SQL(
+                "DELETE FROM {t} AS o USING ("
+                "  SELECT slice, max(timestamp_offset) AS latest FROM {t} "
+                "  WHERE projection_name = %(name)s AND slice BETWEEN %(lo)s AND %(hi)s "
+                "  GROUP BY slice) AS l "
+                "WHERE o.projection_name = %(name)s AND o.slice = l.slice "
+                "AND o.timestamp_offset < l.latest - %(window)s::interval"
+            ).format(t=t)
+        )
+        self._values_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
+        self._clear = rendered(
+            sql.SQL(
+                "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
+            ).format(t=t)
+        )
 
     def load(self, slices: SliceRange) -> Statement:
         return Statement(self._load, (self.name, slices.min_slice, slices.max_slice))
@@ -114,10 +123,12 @@ class OffsetSql:
                 )
                 for i in range(n)
             )
-            statement = sql.SQL(
-                "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
-                "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows}"
-            ).format(t=self._table, rows=rows)
+            statement = rendered(
+                sql.SQL(
+                    "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
+                    "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows}"
+                ).format(t=self._table, rows=rows)
+            )
             self._values_by_size[n] = statement
         params: list[Any] = [self.name, key]
         for r in records:
