@@ -183,6 +183,41 @@ async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal
     assert p.stats.retries > 0
 
 
+@pytest.mark.slow
+async def test_batches_failing_on_the_server_roll_back_and_stay_exact(
+    bank_journal: Journal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A grouped batch whose statement fails on the server, in the middle of the
+    pipelined transaction (writes before it, more statements after it): nothing of
+    the batch commits, the retry applies it once, and every connection goes back to
+    the pool clean (psycopg and the pool log no warning about one left open)."""
+    j = bank_journal
+    writers = bank.Writers(j, 50, late_fraction=0.0, seed=5)
+    writers.start(writers=2, max_batches=50)
+    await writers.wait()
+    inner = bank.make_grouped_handler(j)
+    calls = 0
+
+    async def flaky(conn: Any, envs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await inner(conn, envs[: len(envs) // 2])
+        if calls % 3 == 0:
+            await conn.execute("SELECT 1 / 0")  # fails on the server, not in Python
+        await inner(conn, envs[len(envs) // 2 :])
+        if calls % 5 == 0:  # the last statement before the offsets and COMMIT
+            await conn.execute("SELECT 1 / 0")
+
+    p = whole_range(Projection.grouped, j, flaky, recovery=RecoveryStrategy.retry_and_fail(3, 0.01))
+    task = asyncio.create_task(p.run())
+    await assert_exact(j)
+    await p.stop()
+    await task
+    assert p.stats.retries > 0
+    noisy = [r for r in caplog.records if r.name.startswith("psycopg") and r.levelno >= 30]
+    assert not noisy, [r.getMessage() for r in noisy]
+
+
 async def test_failing_handler_fails_the_projection(bank_journal: Journal) -> None:
     j = bank_journal
     await j.append(bank.account(1), [{"amount": 1}], expected_seq_nr=0)
