@@ -190,6 +190,19 @@ async def claim(journal: Journal, r: SliceRange, owner: str) -> int:
     return int(row[0])
 
 
+def whole_grouped(journal: Journal, handler: Any, *, group_after: int) -> Projection:
+    """A grouped instance over every slice of the bank entity, batches of `group_after`."""
+    return Projection.grouped(
+        journal,
+        name="balances",
+        entity_type=bank.ENTITY,
+        slice_range=SliceRange(0, 1023),
+        handler=handler,
+        settings=ProjectionSettings(group_after_envelopes=group_after, group_after_duration=0.05),
+        query_settings=fast_query_settings(),
+    )
+
+
 @pytest.mark.timeout(60)
 async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
     journal: Journal,
@@ -204,15 +217,7 @@ async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
         in_flight.set()
         await gate.wait()  # the batch is in flight, its transaction open
 
-    projection = Projection.grouped(
-        journal,
-        name="balances",
-        entity_type=bank.ENTITY,
-        slice_range=everything,
-        handler=slow_handler,
-        settings=ProjectionSettings(group_after_envelopes=5, group_after_duration=0.05),
-        query_settings=fast_query_settings(),
-    )
+    projection = whole_grouped(journal, slow_handler, group_after=5)
     epoch = await claim(journal, everything, "me")
     fence = Fence("balances", everything, "me", epoch, 60_000)
     run = asyncio.create_task(projection.run(fence=fence))
@@ -248,15 +253,7 @@ async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_tt
         in_flight.set()
         await asyncio.Event().wait()  # never resumes
 
-    projection = Projection.grouped(
-        journal,
-        name="balances",
-        entity_type=bank.ENTITY,
-        slice_range=everything,
-        handler=frozen_handler,
-        settings=ProjectionSettings(group_after_envelopes=1, group_after_duration=0.05),
-        query_settings=fast_query_settings(),
-    )
+    projection = whole_grouped(journal, frozen_handler, group_after=1)
     ttl_ms = 1_000
     epoch = await claim(journal, everything, "me")
     run = asyncio.create_task(

@@ -158,11 +158,21 @@ async def test_rescale_under_load_with_a_lagging_range(bank_journal: Journal) ->
     assert sum(s.duplicates for s in group.stats()) > 0
 
 
-async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal) -> None:
-    j = bank_journal
-    writers = bank.Writers(j, 50, late_fraction=0.0, seed=4)
+async def project_with_retries(j: Journal, factory: Any, handler: Any, seed: int) -> Projection:
+    """Write a backlog, then project it with `handler` under retry_and_fail(3) until exact."""
+    writers = bank.Writers(j, 50, late_fraction=0.0, seed=seed)
     writers.start(writers=2, max_batches=50)
     await writers.wait()
+    p = whole_range(factory, j, handler, recovery=RecoveryStrategy.retry_and_fail(3, 0.01))
+    task = asyncio.create_task(p.run())
+    await assert_exact(j)
+    await p.stop()
+    await task
+    return p
+
+
+async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal) -> None:
+    j = bank_journal
     inner = bank.make_handler(j)
     calls = 0
 
@@ -173,13 +183,7 @@ async def test_handler_failures_are_retried_and_stay_exact(bank_journal: Journal
         if calls % 7 == 0:
             raise RuntimeError("flaky handler")
 
-    p = whole_range(
-        Projection.exactly_once, j, flaky, recovery=RecoveryStrategy.retry_and_fail(3, 0.01)
-    )
-    task = asyncio.create_task(p.run())
-    await assert_exact(j)
-    await p.stop()
-    await task
+    p = await project_with_retries(j, Projection.exactly_once, flaky, seed=4)
     assert p.stats.retries > 0
 
 
@@ -192,9 +196,6 @@ async def test_batches_failing_on_the_server_roll_back_and_stay_exact(
     the batch commits, the retry applies it once, and every connection goes back to
     the pool clean (psycopg and the pool log no warning about one left open)."""
     j = bank_journal
-    writers = bank.Writers(j, 50, late_fraction=0.0, seed=5)
-    writers.start(writers=2, max_batches=50)
-    await writers.wait()
     inner = bank.make_grouped_handler(j)
     calls = 0
 
@@ -208,11 +209,7 @@ async def test_batches_failing_on_the_server_roll_back_and_stay_exact(
         if calls % 5 == 0:  # the last statement before the offsets and COMMIT
             await conn.execute("SELECT 1 / 0")
 
-    p = whole_range(Projection.grouped, j, flaky, recovery=RecoveryStrategy.retry_and_fail(3, 0.01))
-    task = asyncio.create_task(p.run())
-    await assert_exact(j)
-    await p.stop()
-    await task
+    p = await project_with_retries(j, Projection.grouped, flaky, seed=5)
     assert p.stats.retries > 0
     noisy = [r for r in caplog.records if r.name.startswith("psycopg") and r.levelno >= 30]
     assert not noisy, [r.getMessage() for r in noisy]
