@@ -151,6 +151,13 @@ async def checkpoint(dsn: str) -> None:
             await conn.execute("CHECKPOINT")
 
 
+async def count_rows(conn: psycopg.AsyncConnection[Any], table: sql.Composable) -> int:
+    """`count(*)` of a table."""
+    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 @dataclass(frozen=True)
 class Rate:
     """Items completed inside the timed window, and in total (warm-up included)."""
@@ -318,6 +325,44 @@ def parse_live_args(
     else:
         config = Config(args.events, args.rounds, args.live_seconds, args.rate)
     return args, config
+
+
+# -- timed write benchmarks (append.py, peers.py) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup: float
+    seconds: float
+    rounds: int
+
+
+def parse_timed_args(
+    description: str | None,
+    *,
+    seconds_help: str,
+    rounds_help: str,
+    argv: list[str] | None = None,
+) -> tuple[argparse.Namespace, Timing]:
+    """`--dsn --seconds --rounds --quick` of a benchmark of timed runs.
+
+    `--quick` means 1 round of 1 s runs after a 0.3 s warm-up (else 1 s).
+    """
+    parser = argparse.ArgumentParser(
+        description=description.split("\n\n")[0] if description else None
+    )
+    add_dsn_argument(parser)
+    parser.add_argument("--seconds", type=float, default=5.0, help=seconds_help)
+    parser.add_argument("--rounds", type=int, default=2, help=rounds_help)
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 1 round of 1 s runs, short warm-up"
+    )
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.rounds < 1:
+        parser.error("--seconds must be > 0 and --rounds >= 1")
+    if args.quick:
+        return args, Timing(warmup=0.3, seconds=1.0, rounds=1)
+    return args, Timing(warmup=1.0, seconds=args.seconds, rounds=args.rounds)
 
 
 async def insert_catch_up_events(

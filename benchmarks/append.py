@@ -40,15 +40,17 @@ import psycopg
 from _common import (
     Operation,
     Rate,
-    add_dsn_argument,
+    Timing,
     best,
     checkpoint,
+    count_rows,
     database,
     drop_schema,
     format_rate,
     format_ratio,
     fresh_schema,
     measure,
+    parse_timed_args,
     print_environment,
     print_table,
     run,
@@ -89,13 +91,6 @@ class Case:
 CASES = (Case(1, 1), Case(1, 100), Case(8, 1), Case(8, 100))
 
 
-@dataclass(frozen=True)
-class Timing:
-    warmup: float
-    seconds: float
-    rounds: int
-
-
 class PidRotation:
     """One writer's persistence ids, used in turn, each with its highest seq_nr."""
 
@@ -121,31 +116,42 @@ def serialize(event: dict[str, Any]) -> bytes:
 
 
 Writer = Callable[[psycopg.AsyncConnection[Any], Tables, PidRotation, int], Operation]
+Worker = Callable[[psycopg.AsyncConnection[Any], Tables, int], Operation]
 
 
 async def run_raw(dsn: str, case: Case, timing: Timing, writer: Writer) -> Rate:
     """`writer` over one dedicated connection per writer (no pool, no journal)."""
     schema = fresh_schema("bench_raw")
-    settings = JournalSettings(schema=schema)
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await apply_schema(conn, settings)
-        tables = Tables(settings)
-        conns = [
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(case.writers)
-        ]
-        try:
-            workers = [
-                writer(conn, tables, PidRotation(w), case.batch) for w, conn in enumerate(conns)
-            ]
-            rate = await measure_after_checkpoint(dsn, workers, timing)
-        finally:
-            for conn in conns:
-                await conn.close()
-        await check_row_count(dsn, Tables(settings).journal, rate)
-        return rate
+        return await measure_on_connections(
+            dsn,
+            schema,
+            case.writers,
+            timing,
+            lambda conn, tables, w: writer(conn, tables, PidRotation(w), case.batch),
+        )
     finally:
         await drop_schema(dsn, schema)
+
+
+async def measure_on_connections(
+    dsn: str, schema: str, writers: int, timing: Timing, worker: Worker
+) -> Rate:
+    """The journal's tables created in `schema`, then `worker(conn, tables, index)` over
+    one dedicated autocommit connection each; the stored rows are checked against the rate."""
+    settings = JournalSettings(schema=schema)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await apply_schema(conn, settings)
+    tables = Tables(settings)
+    conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(writers)]
+    try:
+        workers = [worker(conn, tables, w) for w, conn in enumerate(conns)]
+        rate = await measure_after_checkpoint(dsn, workers, timing)
+    finally:
+        for conn in conns:
+            await conn.close()
+    await check_row_count(dsn, tables.journal, rate)
+    return rate
 
 
 def raw_insert_sql(table: sql.Composable, batch: int) -> str:
@@ -170,6 +176,23 @@ def raw_insert_sql(table: sql.Composable, batch: int) -> str:
     ).format(table=table).as_string() + ", ".join(rows)
 
 
+def raw_params(pid: str, slice_: int, after_seq_nr: int, events: list[Any]) -> list[Any]:
+    """The parameters of `raw_insert_sql` for `events` stored as seq_nr `after_seq_nr + 1 ..`."""
+    params: list[Any] = []
+    for n, event in enumerate(events, start=1):
+        params += (
+            slice_,
+            ENTITY_TYPE,
+            pid,
+            after_seq_nr + n,
+            WRITER_ID,
+            JSON_SERIALIZER_ID,
+            "",
+            serialize(event),
+        )
+    return params
+
+
 def raw_writer(
     conn: psycopg.AsyncConnection[Any], tables: Tables, pids: PidRotation, batch: int
 ) -> Operation:
@@ -180,19 +203,7 @@ def raw_writer(
     async def append() -> int:
         i = pids.next()
         pid, slice_, seq_nr = pids.pids[i], pids.slices[i], pids.seq_nrs[i]
-        params: list[Any] = []
-        for n, event in enumerate(events, start=1):
-            params += (
-                slice_,
-                ENTITY_TYPE,
-                pid,
-                seq_nr + n,
-                WRITER_ID,
-                JSON_SERIALIZER_ID,
-                "",
-                serialize(event),
-            )
-        await cursor.execute(insert, params)
+        await cursor.execute(insert, raw_params(pid, slice_, seq_nr, events))
         pids.seq_nrs[i] = seq_nr + batch
         return batch
 
@@ -260,9 +271,7 @@ async def measure_after_checkpoint(dsn: str, workers: list[Operation], timing: T
 async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
     """The table must hold exactly the events the workers reported (warm-up included)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
-        row = await cur.fetchone()
-    stored = row[0] if row else 0
+        stored = await count_rows(conn, table)
     if stored != rate.total:
         raise RuntimeError(f"{table!r}: {stored} rows stored, {rate.total} events reported")
 
@@ -371,25 +380,12 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Timing]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_dsn_argument(parser)
-    parser.add_argument(
-        "--seconds", type=float, default=5.0, help="measured seconds per run (default 5)"
+    return parse_timed_args(
+        __doc__,
+        seconds_help="measured seconds per run (default 5)",
+        rounds_help="interleaved runs of each variant (default 2)",
+        argv=argv,
     )
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="interleaved runs of each variant (default 2)"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke test: 1 round of 1 s runs, short warm-up"
-    )
-    args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.rounds < 1:
-        parser.error("--seconds must be > 0 and --rounds >= 1")
-    if args.quick:
-        timing = Timing(warmup=0.3, seconds=1.0, rounds=1)
-    else:
-        timing = Timing(warmup=1.0, seconds=args.seconds, rounds=args.rounds)
-    return args, timing
 
 
 if __name__ == "__main__":

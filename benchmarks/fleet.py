@@ -85,6 +85,7 @@ from _common import (
     best,
     bulk_pids,
     checkpoint,
+    count_rows,
     database,
     drop_schema,
     format_ms,
@@ -725,8 +726,7 @@ async def live_checks(live: LiveFleet, appended: int) -> list[str]:
     async with await psycopg.AsyncConnection.connect(live.journal.dsn, autocommit=True) as conn:
         stored = 0
         for _ in range(150):
-            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(live.applied))
-            stored = (await cur.fetchone() or (0,))[0]
+            stored = await count_rows(conn, live.applied)
             if stored >= appended:
                 break
             await asyncio.sleep(0.2)

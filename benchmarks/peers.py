@@ -81,28 +81,34 @@ import psycopg
 from _common import (
     Operation,
     Rate,
-    add_dsn_argument,
+    Timing,
     best,
     checkpoint,
+    count_rows,
     database,
     drop_schema,
     format_rate,
     format_ratio,
     fresh_schema,
     measure,
+    parse_timed_args,
     print_environment,
     print_table,
     run,
     slice_select,
     spread,
 )
-from append import check_row_count, raw_insert_sql, serialize
+from append import (
+    check_row_count,
+    measure_on_connections,
+    raw_insert_sql,
+    raw_params,
+    serialize,
+)
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from journal import NUMBER_OF_SLICES, Journal, JournalSettings, slice_for
-from journal.schema import apply_schema
-from journal.serialization import JSON_SERIALIZER_ID
 from journal.tables import Tables
 
 try:  # the peer is optional: main() explains how to install it
@@ -138,13 +144,6 @@ SCHEMA_PREFIXES = {RAW: "raw", JOURNAL: "journal", PEER: "es", PEER_FN: "esfn"}
 
 SyncOperation = Callable[[], int]
 """One unit of work of a thread worker; returns how many events it wrote."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    warmup: float
-    seconds: float
-    rounds: int
 
 
 @dataclass(frozen=True)
@@ -262,41 +261,17 @@ async def run_variant(
 
 
 async def run_raw(dsn: str, schema: str, writers: int, timing: Timing) -> Rate:
-    settings = JournalSettings(schema=schema)
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await apply_schema(conn, settings)
-    insert = raw_insert_sql(Tables(settings).journal, EVENTS_PER_APPEND)
-    conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(writers)]
-    try:
-        workers = [raw_writer(conn, insert) for conn in conns]
-        await checkpoint(dsn)
-        rate = await measure(workers, warmup=timing.warmup, seconds=timing.seconds)
-    finally:
-        for conn in conns:
-            await conn.close()
-    await check_row_count(dsn, Tables(settings).journal, rate)
-    return rate
+    return await measure_on_connections(dsn, schema, writers, timing, raw_writer)
 
 
-def raw_writer(conn: psycopg.AsyncConnection[Any], insert: str) -> Operation:
+def raw_writer(conn: psycopg.AsyncConnection[Any], tables: Tables, _index: int) -> Operation:
+    insert = raw_insert_sql(tables.journal, EVENTS_PER_APPEND)
     cursor = psycopg.AsyncRawCursor(conn)
+    events = [EVENT] * EVENTS_PER_APPEND
 
     async def append() -> int:
         pid = new_pid()
-        slice_ = slice_for(pid)
-        params: list[Any] = []
-        for seq_nr in range(1, EVENTS_PER_APPEND + 1):
-            params += (
-                slice_,
-                ENTITY_TYPE,
-                pid,
-                seq_nr,
-                WRITER_ID,
-                JSON_SERIALIZER_ID,
-                "",
-                serialize(EVENT),
-            )
-        await cursor.execute(insert, params)
+        await cursor.execute(insert, raw_params(pid, slice_for(pid), 0, events))
         return EVENTS_PER_APPEND
 
     return append
@@ -474,12 +449,6 @@ def read_peer(recorder: ApplicationRecorder) -> int:
         if len(page) < PEER_PAGE:
             return n
         last = page[-1].id
-
-
-async def count_rows(conn: psycopg.AsyncConnection[Any], table: sql.Composable) -> int:
-    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 async def read_side(
@@ -691,29 +660,15 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Timing]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    add_dsn_argument(parser)
-    parser.add_argument(
-        "--seconds", type=float, default=5.0, help="measured seconds per write run (default 5)"
+    return parse_timed_args(
+        __doc__,
+        seconds_help="measured seconds per write run (default 5)",
+        rounds_help=(
+            "interleaved write runs of each variant (default 2); the read side makes "
+            f"{READ_PASSES_PER_ROUND} passes per round"
+        ),
+        argv=argv,
     )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=2,
-        help="interleaved write runs of each variant (default 2); the read side makes "
-        f"{READ_PASSES_PER_ROUND} passes per round",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke test: 1 round of 1 s runs, short warm-up"
-    )
-    args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.rounds < 1:
-        parser.error("--seconds must be > 0 and --rounds >= 1")
-    if args.quick:
-        timing = Timing(warmup=0.3, seconds=1.0, rounds=1)
-    else:
-        timing = Timing(warmup=1.0, seconds=args.seconds, rounds=args.rounds)
-    return args, timing
 
 
 def main() -> int:

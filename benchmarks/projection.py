@@ -57,6 +57,7 @@ from _common import (
     Config,
     best,
     checkpoint,
+    count_rows,
     database,
     drop_schema,
     format_rate,
@@ -129,12 +130,6 @@ def insert_statement(table: sql.Identifier) -> sql.Composed:
         "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::timestamptz[], "
         "%s::bigint[])"
     ).format(table)
-
-
-async def count_rows(conn: AsyncConnection[Any], table: sql.Identifier) -> int:
-    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 def envelope_params(envs: list[EventEnvelope]) -> tuple[list[Any], ...]:
