@@ -1,6 +1,7 @@
 """The pure core loads no I/O stack and pickles, so a Spark executor or a worker
 process can carry it: the slice-query state machine, the offset store's
-validation, the model, settings, slices and serialization."""
+validation, the model, settings, slices and serialization, the fleet's planner
+and the Spark source's options and offsets."""
 
 from __future__ import annotations
 
@@ -33,8 +34,13 @@ PURE_MODULES = [
     "projections.offset_store",
     "projections.settings",
     "projections.recovery",
+    "projections.fleet.assignment",
+    "projections.spark.offsets",
+    "projections.spark.options",
 ]
-IO_STACK = ("psycopg", "psycopg_pool", "asyncio")
+IO_STACK = ("psycopg", "psycopg_pool", "asyncio", "pyspark")
+# The packages whose `__init__` resolves the I/O-bound names on first use (PEP 562).
+LAZY_PACKAGES = ["journal", "projections", "projections.fleet", "projections.spark"]
 
 
 def test_the_pure_core_imports_no_io_stack() -> None:
@@ -45,6 +51,25 @@ def test_the_pure_core_imports_no_io_stack() -> None:
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(result.stdout) == []
+
+
+def test_lazy_exports_are_not_shadowed_by_submodules() -> None:
+    # Importing a submodule binds it as an attribute of its package; an export of the
+    # same name (say a function `project` in a module `project`) would then resolve to
+    # the module once that module had been imported by anything else first.
+    code = (
+        "import importlib, json, pkgutil, types\n"
+        f"packages = [importlib.import_module(p) for p in {LAZY_PACKAGES!r}]\n"
+        "for p in packages:\n"
+        "    for m in pkgutil.iter_modules(p.__path__, p.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print(json.dumps(sorted(f'{p.__name__}.{n}' for p in packages for n in p.__all__\n"
+        "    if isinstance(getattr(p, n), types.ModuleType))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert json.loads(result.stdout) == []
 

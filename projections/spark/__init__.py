@@ -9,13 +9,36 @@ Needs the `spark` extra (`pip install 'slicejournal[spark]'`: pyspark, pyarrow)
 and Java 17+. On a cluster, the executors must be able to import `journal`
 and `projections`: install the wheel on the workers, or ship it with
 `spark.submit.pyFiles`.
+
+Importing this package loads neither pyspark nor psycopg: the pure modules
+(`options`, `offsets`) are what an executor or a test needs without them, so
+everything that drives Spark or the database is imported on first use
+(PEP 562, see `journal/_lazy.py`).
 """
 
-from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
+from typing import TYPE_CHECKING
+
+from journal._lazy import lazy_attributes
 from projections.spark.options import SourceOptionError
-from projections.spark.project import RebuildResult, project, rebuild, store_start
-from projections.spark.register import local_session, register
-from projections.spark.sink import SparkHandler
+
+# pyspark, pyarrow and psycopg: imported on first use.
+if TYPE_CHECKING:
+    from projections.spark.driver import RebuildResult, project, rebuild, store_start
+    from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
+    from projections.spark.session import local_session, register
+    from projections.spark.sink import SparkHandler
+
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        **dict.fromkeys(("DEFAULT_LEASE_TTL", "ProjectionBusy"), "projections.spark.leases"),
+        **dict.fromkeys(
+            ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
+        ),
+        **dict.fromkeys(("local_session", "register"), "projections.spark.session"),
+        "SparkHandler": "projections.spark.sink",
+    },
+)
 
 __all__ = [
     "DEFAULT_LEASE_TTL",

@@ -41,7 +41,7 @@ from projections.spark.leases import (
     spark_owner,
 )
 from projections.spark.options import DEFAULT_PARTITIONS, parse_options, split_range
-from projections.spark.register import register
+from projections.spark.session import register
 from projections.spark.sink import PartitionSink, SparkHandler
 from projections.spark.writer import sink_source
 
