@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
+from typing import ClassVar
 
 import attrs
 
@@ -150,10 +151,63 @@ def _check_range(instance: SliceRange, _a: object, _v: int) -> None:
 
 @attrs.frozen(order=True)
 class SliceRange:
-    """An inclusive range of slices owned by one projection instance."""
+    """An inclusive range of slices owned by one projection instance.
+
+    `SliceRange.FULL` is every slice; `str(r)` and `r.key` ("0-255") are how Pekko
+    names the instance of a range, and `SliceRange.parse` reads that form back.
+    """
+
+    FULL: ClassVar[SliceRange]
+    """All slices, 0..1023."""
 
     min_slice: int = attrs.field()
     max_slice: int = attrs.field(validator=_check_range)
+
+    @classmethod
+    def parse(cls, text: str) -> SliceRange:
+        """ "0-255" -> SliceRange(0, 255); `InvalidArgument` for anything else."""
+        lo, sep, hi = str(text).partition("-")
+        try:
+            if not sep:
+                raise ValueError
+            return cls(int(lo), int(hi))
+        except ValueError as e:  # InvalidArgument is one
+            detail = f": {e}" if str(e) and isinstance(e, InvalidArgument) else ""
+            raise InvalidArgument(
+                f"expected a slice range MIN-MAX within 0-{NUMBER_OF_SLICES - 1}, "
+                f"got {text!r}{detail}"
+            ) from None
+
+    @staticmethod
+    def check(value: object, name: str = "slice_range") -> SliceRange:
+        """Return `value` if it is a `SliceRange`, else raise `InvalidArgument` naming `name`."""
+        if not isinstance(value, SliceRange):
+            raise InvalidArgument(f"{name} must be a SliceRange, got {type(value).__name__}")
+        return value
+
+    @property
+    def key(self) -> str:
+        """The projection key of the instance for this range, as Pekko names it: "0-255"."""
+        return f"{self.min_slice}-{self.max_slice}"
+
+    def overlaps(self, other: SliceRange) -> bool:
+        """Whether the two ranges share at least one slice."""
+        return self.min_slice <= other.max_slice and other.min_slice <= self.max_slice
+
+    def split(self, parts: int) -> list[SliceRange]:
+        """This range in `parts` contiguous, non-empty sub-ranges, as even as the count
+        allows (the first ones one slice longer); fewer if it has fewer slices."""
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise InvalidArgument(f"number of parts must be an int >= 1, got {parts!r}")
+        parts = min(parts, len(self))
+        size, extra = divmod(len(self), parts)
+        out = []
+        lo = self.min_slice
+        for i in range(parts):
+            hi = lo + size + (1 if i < extra else 0) - 1
+            out.append(SliceRange(lo, hi))
+            lo = hi + 1
+        return out
 
     def __contains__(self, slice_: object) -> bool:
         return isinstance(slice_, int) and self.min_slice <= slice_ <= self.max_slice
@@ -165,7 +219,10 @@ class SliceRange:
         return self.max_slice - self.min_slice + 1
 
     def __str__(self) -> str:
-        return f"{self.min_slice}-{self.max_slice}"
+        return self.key
+
+
+SliceRange.FULL = SliceRange(0, NUMBER_OF_SLICES - 1)
 
 
 def slice_ranges(number_of_ranges: int) -> list[SliceRange]:
@@ -182,5 +239,4 @@ def slice_ranges(number_of_ranges: int) -> list[SliceRange]:
             f"number of ranges must be a positive divisor of {NUMBER_OF_SLICES} "
             f"(1, 2, 4, ..., 1024), got {number_of_ranges}"
         )
-    size = NUMBER_OF_SLICES // number_of_ranges
-    return [SliceRange(i * size, (i + 1) * size - 1) for i in range(number_of_ranges)]
+    return SliceRange.FULL.split(number_of_ranges)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from journal.slices import SliceRange, slice_ranges
-from projections.fleet.assignment import LeaseRow, Plan, assign, overlaps, plan
+from projections.fleet.assignment import LeaseRow, Plan, assign, plan
 
 SPLITS = [1, 2, 4, 8, 16, 32, 64]
 MAX_WORKERS = 8
@@ -70,15 +70,7 @@ def parent(child: SliceRange, split: Sequence[SliceRange]) -> SliceRange:
     return p
 
 
-# --- overlaps, LeaseRow ----------------------------------------------------------------------
-
-
-def test_overlaps_is_sharing_a_slice() -> None:
-    assert overlaps(r(0, 255), r(255, 511))
-    assert overlaps(r(0, 1023), r(300, 301))
-    assert overlaps(r(300, 301), r(0, 1023))
-    assert not overlaps(r(0, 255), r(256, 511))
-    assert not overlaps(r(256, 511), r(0, 255))
+# --- LeaseRow --------------------------------------------------------------------------------
 
 
 def test_a_lease_is_live_while_held_and_unexpired() -> None:
@@ -145,7 +137,7 @@ def test_halving_gives_each_range_to_an_owner_of_one_half(layout: str) -> None:
     owners = assign(halved, "abcd", old)
     check_valid(owners, halved, "abcd")
     for x, owner in owners.items():
-        halves = [o for h, o in old.items() if overlaps(h, x)]
+        halves = [o for h, o in old.items() if h.overlaps(x)]
         assert owner in halves, (x, owner, halves)
 
 
@@ -293,7 +285,7 @@ def test_assignment_stays_balanced_and_sticky(
                 strangers = [
                     x
                     for x in ranges
-                    if all(before[o] != owners[x] for o in old_ranges if overlaps(o, x))
+                    if all(before[o] != owners[x] for o in old_ranges if o.overlaps(x))
                 ]
                 if len(old_ranges) % len(workers) == 0 and len(ranges) >= len(workers):
                     assert strangers == []
@@ -420,7 +412,7 @@ class Fleet:
             others = [
                 row
                 for row in self.leases.values()
-                if row.live(now) and row.owner != me and overlaps(row.slice_range, x)
+                if row.live(now) and row.owner != me and row.slice_range.overlaps(x)
             ]
             assert others == [], f"{me} claims {x} at {now} over {others}"
             previous = self.leases.get(x)

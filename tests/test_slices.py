@@ -335,3 +335,91 @@ def test_slice_range_basics() -> None:
 def test_slice_range_rejects_invalid(min_slice: object, max_slice: object) -> None:
     with pytest.raises(InvalidArgument):
         SliceRange(min_slice, max_slice)  # type: ignore[arg-type]
+
+
+def test_full_range_is_every_slice() -> None:
+    assert SliceRange(0, NUMBER_OF_SLICES - 1) == SliceRange.FULL
+    assert list(SliceRange.FULL) == list(range(NUMBER_OF_SLICES))
+    assert slice_ranges(1) == [SliceRange.FULL]
+
+
+@pytest.mark.parametrize(
+    ("r", "key"),
+    [(SliceRange(0, 255), "0-255"), (SliceRange(7, 7), "7-7"), (SliceRange.FULL, "0-1023")],
+)
+def test_key_is_pekkos_instance_name_and_parses_back(r: SliceRange, key: str) -> None:
+    assert r.key == key
+    assert str(r) == key
+    assert SliceRange.parse(key) == r
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ("5-2", "greater than"),
+        ("0-1024", "within 0..1023"),
+        ("abc", ""),
+        ("", ""),
+        ("7", ""),
+        ("1-", ""),
+        ("-1-5", ""),
+        ("a-b", ""),
+        ("1.0-2", ""),
+    ],
+)
+def test_parse_refuses_anything_but_min_dash_max(text: str, detail: str) -> None:
+    with pytest.raises(InvalidArgument, match="expected a slice range MIN-MAX") as info:
+        SliceRange.parse(text)
+    assert repr(text) in str(info.value)
+    assert detail in str(info.value)
+
+
+def test_check_returns_a_slice_range_and_names_what_is_not_one() -> None:
+    r = SliceRange(3, 9)
+    assert SliceRange.check(r) is r
+    with pytest.raises(InvalidArgument, match=r"^slice_range must be a SliceRange, got tuple$"):
+        SliceRange.check((3, 9))
+    with pytest.raises(InvalidArgument, match=r"^slices must be a SliceRange, got str$"):
+        SliceRange.check("3-9", "slices")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shared"),
+    [
+        ((0, 255), (255, 511), True),
+        ((0, 1023), (300, 301), True),
+        ((5, 5), (5, 5), True),
+        ((0, 255), (256, 511), False),
+        ((0, 0), (1, 1), False),
+    ],
+)
+def test_overlaps_is_sharing_a_slice_either_way(
+    a: tuple[int, int], b: tuple[int, int], shared: bool
+) -> None:
+    x, y = SliceRange(*a), SliceRange(*b)
+    assert x.overlaps(y) is shared
+    assert y.overlaps(x) is shared
+    assert shared == bool(set(x) & set(y))
+
+
+@given(st.integers(0, 1023), st.integers(0, 1023), st.integers(1, 2000))
+def test_split_is_contiguous_even_and_covers(a: int, b: int, parts: int) -> None:
+    r = SliceRange(min(a, b), max(a, b))
+    ranges = r.split(parts)
+    assert len(ranges) == min(parts, len(r))
+    assert [s for x in ranges for s in x] == list(r)
+    sizes = [len(x) for x in ranges]
+    assert max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)  # the longer parts first
+
+
+def test_split_examples() -> None:
+    assert SliceRange(0, 9).split(3) == [SliceRange(0, 3), SliceRange(4, 6), SliceRange(7, 9)]
+    assert SliceRange(4, 5).split(8) == [SliceRange(4, 4), SliceRange(5, 5)]
+    assert SliceRange.FULL.split(4) == slice_ranges(4)
+
+
+@pytest.mark.parametrize("parts", [0, -1, 1.0, True, "2", None])
+def test_split_refuses_a_part_count_that_is_not_a_positive_int(parts: object) -> None:
+    with pytest.raises(InvalidArgument, match="number of parts"):
+        SliceRange(0, 9).split(parts)  # type: ignore[arg-type]

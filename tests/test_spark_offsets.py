@@ -7,8 +7,6 @@ import pickle
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from journal.slices import SliceRange
 from projections.spark.offsets import (
@@ -19,19 +17,9 @@ from projections.spark.offsets import (
     initial_offset,
     reread_from,
 )
-from projections.spark.options import SourceOptionError, parse_options, split_range
+from projections.spark.options import SourceOptionError, parse_options
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@given(st.integers(0, 1023), st.integers(0, 1023), st.integers(1, 2000))
-def test_split_range_is_contiguous_and_covers(a: int, b: int, parts: int) -> None:
-    r = SliceRange(min(a, b), max(a, b))
-    ranges = split_range(r, parts)
-    assert len(ranges) == min(parts, len(r))
-    assert [s for x in ranges for s in x] == list(r)
-    sizes = [len(x) for x in ranges]
-    assert max(sizes) - min(sizes) <= 1
 
 
 def test_options_are_case_insensitive_and_pickle() -> None:
