@@ -21,10 +21,8 @@ from psycopg import AsyncConnection
 from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.slices import validate_entity_type
 from projections.management_sql import ManagementSql
-from projections.names import ALL_RANGES, range_key, validate_name
-from projections.offset_dao import OffsetDao, is_paused
-
-FULL_RANGE = SliceRange(0, 1023)
+from projections.names import ALL_RANGES, validate_name
+from projections.aio.offset_dao import OffsetDao, is_paused
 
 
 @attrs.frozen
@@ -69,7 +67,7 @@ class ProjectionManagement:
         self._sql = ManagementSql(journal.tables)
 
     async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
-        key = ALL_RANGES if slices is None else range_key(check_range(slices))
+        key = ALL_RANGES if slices is None else SliceRange.check(slices).key
         async with self._journal.pool.connection() as conn:
             await conn.execute(
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
@@ -87,28 +85,28 @@ class ProjectionManagement:
         """True if the projection as a whole, or a paused range overlapping this one, is."""
         validate_name(name)
         async with self._journal.pool.connection() as conn:
-            return await is_paused(conn, self._sql, name, check_range(slice_range))
+            return await is_paused(conn, self._sql, name, SliceRange.check(slice_range))
 
     async def set_offset(
-        self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
+        self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Make the projection resume at `timestamp` for these slices, skipping older events.
 
         Takes effect when instances (re)start; pause or stop them first.
         """
         check_timestamp(timestamp)
-        check_range(slices)
+        SliceRange.check(slices, "slices")
         async with self._journal.pool.connection() as conn, conn.transaction():
             await OffsetDao(self._journal.tables, validate_name(name)).set_start(
-                conn, range_key(slices), slices, timestamp
+                conn, slices.key, slices, timestamp
             )
 
-    async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
+    async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the projection's offsets: it restarts from the beginning of the journal.
 
         Takes effect when instances (re)start; stop them first.
         """
-        check_range(slices)
+        SliceRange.check(slices, "slices")
         async with self._journal.pool.connection() as conn:
             await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
 
@@ -163,16 +161,10 @@ def _check_ranges(ranges: object) -> list[SliceRange]:
         raise InvalidArgument(
             f"ranges must be a number of ranges or a sequence of SliceRange, got {ranges!r}"
         )
-    return [check_range(r) for r in ranges]
+    return [SliceRange.check(r, f"ranges[{i}]") for i, r in enumerate(ranges)]
 
 
 def check_timestamp(timestamp: object) -> datetime:
     if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
         raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
     return timestamp
-
-
-def check_range(slices: object) -> SliceRange:
-    if not isinstance(slices, SliceRange):
-        raise InvalidArgument(f"expected a SliceRange, got {type(slices).__name__}")
-    return slices

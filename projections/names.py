@@ -14,11 +14,6 @@ from journal.slices import SliceRange, validate_entity_type
 ALL_RANGES = "*"  # the management key that pauses every instance
 
 
-def range_key(slices: SliceRange) -> str:
-    """The projection key of an instance: its slice range, as Pekko names it."""
-    return f"{slices.min_slice}-{slices.max_slice}"
-
-
 def validate_name(name: object) -> str:
     """Return `name` if it can name a projection, else raise `InvalidArgument`."""
     if not isinstance(name, str) or not name or len(name) > 255 or "\x00" in name:
@@ -42,10 +37,9 @@ def check_instance(
     name: object, entity_type: object, slice_range: object, handler: object
 ) -> Instance:
     """Validate what every runner is built from, before anything runs."""
-    if not isinstance(slice_range, SliceRange):
-        raise InvalidArgument(f"slice_range must be a SliceRange, got {type(slice_range).__name__}")
+    slice_range = SliceRange.check(slice_range)
     if not callable(handler):
         raise InvalidArgument("handler must be a callable")
     return Instance(
-        validate_name(name), validate_entity_type(entity_type), slice_range, range_key(slice_range)
+        validate_name(name), validate_entity_type(entity_type), slice_range, slice_range.key
     )

@@ -27,25 +27,19 @@ from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistr
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus, orphan_message
-from projections.management import FULL_RANGE, ProjectionManagement
+from projections.management import ProjectionManagement
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
 ORPHANED = 3  # the exit status of `status` when a range has had no owner for > 2 x TTL
 
 
-def parse_range(text: str) -> SliceRange:
-    """ "0-255" -> SliceRange(0, 255); a usage error otherwise."""
-    lo, sep, hi = text.partition("-")
+def slice_range_argument(text: str) -> SliceRange:
+    """`--range`: "0-255" -> SliceRange(0, 255); a usage error (exit 2) otherwise."""
     try:
-        if not sep:
-            raise ValueError
-        return SliceRange(int(lo), int(hi))
-    except (ValueError, InvalidArgument) as e:
-        detail = f": {e}" if str(e) else ""
-        raise argparse.ArgumentTypeError(
-            f"expected a slice range MIN-MAX within 0-1023, got {text!r}{detail}"
-        ) from None
+        return SliceRange.parse(text)
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -266,13 +260,13 @@ async def _resume(journal: Journal, args: argparse.Namespace) -> str:
 
 
 async def _set_offset(journal: Journal, args: argparse.Namespace) -> str:
-    await FleetControl(journal).set_offset(args.name, args.timestamp, args.range or FULL_RANGE)
+    await FleetControl(journal).set_offset(args.name, args.timestamp, args.range or SliceRange.FULL)
     return (f"projection {args.name}: resumes at {args.timestamp.isoformat()} "
             f"({_scope(args)}); running instances restart from there")  # fmt: skip
 
 
 async def _clear_offset(journal: Journal, args: argparse.Namespace) -> str:
-    await FleetControl(journal).clear_offset(args.name, args.range or FULL_RANGE)
+    await FleetControl(journal).clear_offset(args.name, args.range or SliceRange.FULL)
     return (f"projection {args.name}: offsets cleared ({_scope(args)}); "
             "it restarts from the beginning of the journal")  # fmt: skip
 
@@ -338,7 +332,7 @@ def add_fleet_parsers(
 
     ranged = argparse.ArgumentParser(add_help=False, parents=[common])
     ranged.add_argument("name")
-    ranged.add_argument("--range", type=parse_range, default=None,
+    ranged.add_argument("--range", type=slice_range_argument, default=None,
                         help="only this slice range, e.g. 0-255 (default: all)")  # fmt: skip
     for name, action, text in (
         ("pause", _pause, "pause a projection (or one slice range) on every worker"),

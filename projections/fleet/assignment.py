@@ -53,11 +53,6 @@ class Plan:
     """Ranges assigned to me, blocked by a live overlapping lease of another owner."""
 
 
-def overlaps(a: SliceRange, b: SliceRange) -> bool:
-    """Whether the two ranges share at least one slice."""
-    return a.min_slice <= b.max_slice and b.min_slice <= a.max_slice
-
-
 def _shared(a: SliceRange, b: SliceRange) -> int:
     return max(0, min(a.max_slice, b.max_slice) - max(a.min_slice, b.min_slice) + 1)
 
@@ -229,7 +224,7 @@ def plan(
     for r in sorted(r for r, owner in target.items() if owner == me):
         if held.get(r) == me:
             continue
-        (waiting if any(overlaps(r, b) for b in blockers) else claim).append(r)
+        (waiting if any(r.overlaps(b) for b in blockers) else claim).append(r)
     return Plan(
         release=tuple(r for r in mine if target.get(r) != me),
         claim=tuple(claim),

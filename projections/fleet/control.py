@@ -20,15 +20,9 @@ import attrs
 from journal import Journal, SliceRange, UnknownProjection, slice_ranges
 from journal.errors import JournalError
 from projections.fleet.lease_sql import FleetSql
-from projections.management import (
-    FULL_RANGE,
-    ProjectionManagement,
-    RangeStatus,
-    check_range,
-    check_timestamp,
-)
-from projections.names import range_key, validate_name
-from projections.offset_dao import OffsetDao
+from projections.management import ProjectionManagement, RangeStatus, check_timestamp
+from projections.names import validate_name
+from projections.aio.offset_dao import OffsetDao
 
 
 @attrs.frozen
@@ -186,18 +180,18 @@ class FleetControl:
             await asyncio.sleep(interval)
 
     async def set_offset(
-        self, name: str, timestamp: datetime, slices: SliceRange = FULL_RANGE
+        self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
         await self._rewrite(name, slices, check_timestamp(timestamp))
 
-    async def clear_offset(self, name: str, slices: SliceRange = FULL_RANGE) -> None:
+    async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
         await self._rewrite(name, slices, None)
 
     async def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
         validate_name(name)
-        check_range(slices)
+        SliceRange.check(slices, "slices")
         dao = OffsetDao(self._journal.tables, name)
         async with self._journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.lock_fleet, (name,))
@@ -210,7 +204,7 @@ class FleetControl:
             if timestamp is None:
                 await dao.clear(conn, slices)
             else:
-                await dao.set_start(conn, range_key(slices), slices, timestamp)
+                await dao.set_start(conn, slices.key, slices, timestamp)
 
 
 def orphan_message(status: FleetStatus) -> str | None:

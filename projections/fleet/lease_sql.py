@@ -21,7 +21,7 @@ from typing import Any
 
 from psycopg import sql
 
-from journal.slices import SliceRange
+from journal.slices import NUMBER_OF_SLICES, SliceRange
 from journal.tables import Tables
 from projections.fleet.assignment import LeaseRow
 
@@ -131,11 +131,15 @@ class FleetSql:
         self.collect = sql.SQL(
             "DELETE FROM {l} WHERE ctid IN (SELECT ctid FROM {l} WHERE projection_name = %s "
             "AND (owner IS NULL OR expires_at <= clock_timestamp()) "
-            "AND (max_slice - min_slice + 1) <> 1024 / %s FOR UPDATE SKIP LOCKED)"
+            "AND (max_slice - min_slice + 1) <> %s / %s FOR UPDATE SKIP LOCKED)"
         ).format(l=lease)
 
     def claims_key(self, name: str) -> tuple[str]:
         return (self._claims_prefix + name,)
+
+    def collect_params(self, name: str, instances: int) -> tuple[str, int, int]:
+        """`collect` drops the free rows whose range size is not that of `instances` ranges."""
+        return (name, NUMBER_OF_SLICES, instances)
 
     def claim_params(self, name: str, r: SliceRange, me: str, ttl_ms: int) -> dict[str, Any]:
         return {

@@ -43,11 +43,10 @@ from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
 from projections.errors import LeaseLost
 from projections.fencing import Fence
-from projections.fleet.assignment import LeaseRow, claim_check, overlaps, plan
+from projections.fleet.assignment import LeaseRow, claim_check, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
-from projections.management import FULL_RANGE
 from projections.names import validate_name
-from projections.runner import Projection
+from projections.aio.runner import Projection
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
@@ -124,7 +123,7 @@ class FleetWorker:
         self.journal = journal
         self.factory = factory
         self.settings = settings or WorkerSettings()
-        probe = factory(journal, FULL_RANGE)  # construction only: learns name and entity type
+        probe = factory(journal, SliceRange.FULL)  # construction only: learns name and entity type
         if not isinstance(probe, Projection):
             raise InvalidArgument(
                 f"the factory must return a Projection, got {type(probe).__name__}"
@@ -252,7 +251,7 @@ class FleetWorker:
             for r, epoch in claimed:
                 self._start(r, epoch)
             for r, epoch in list(self._parked.items()):
-                if not any(overlaps(r, w) for w in wanted):
+                if not any(r.overlaps(w) for w in wanted):
                     await self._release_row(r, epoch)
 
     def _reap(self) -> None:
@@ -282,7 +281,7 @@ class FleetWorker:
         cur = await conn.execute(self._sql.leases, (self.name,))
         leases = lease_rows(await cur.fetchall())
         if not lock:
-            await conn.execute(self._sql.collect, (self.name, instances))
+            await conn.execute(self._sql.collect, self._sql.collect_params(self.name, instances))
             await conn.execute(self._sql.forget_workers, (self.name,))
         return instances, now, workers, leases
 
@@ -309,7 +308,7 @@ class FleetWorker:
                 # claimed again under a new epoch rather than left to expire.
                 idle = [r for r in decided.keep if r not in self.instances]
                 for r in [*decided.claim, *idle]:
-                    if any(overlaps(r, mine) for mine in self.instances):
+                    if any(r.overlaps(mine) for mine in self.instances):
                         continue  # one of this worker's own instances still covers a slice
                     epoch = await self._claim_one(conn, r)
                     if epoch is not None:
@@ -319,7 +318,7 @@ class FleetWorker:
                       "owner; claiming again at the next tick", self.me, self.name)  # fmt: skip
             return [], wanted
         for r, _ in claimed:
-            for parked in [p for p in self._parked if overlaps(p, r)]:
+            for parked in [p for p in self._parked if p.overlaps(r)]:
                 del self._parked[parked]  # replaced by the claim
         return claimed, wanted
 

@@ -29,9 +29,9 @@ from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.tables import Tables
-from projections.management import FULL_RANGE, check_timestamp
-from projections.names import check_instance, range_key, validate_name
-from projections.offset_dao import SyncOffsetDao
+from projections.management import check_timestamp
+from projections.names import check_instance, validate_name
+from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings
 from projections.spark.leases import (
@@ -40,7 +40,7 @@ from projections.spark.leases import (
     SparkLeases,
     spark_owner,
 )
-from projections.spark.options import DEFAULT_PARTITIONS, parse_options, split_range
+from projections.spark.options import DEFAULT_PARTITIONS, parse_options
 from projections.spark.session import register
 from projections.spark.sink import PartitionSink, SparkHandler
 from projections.spark.writer import sink_source
@@ -151,7 +151,7 @@ def project(
     trigger: Mapping[str, Any] | None = None,
     settings: JournalSettings | None = None,
     projection_settings: ProjectionSettings | None = None,
-    slice_range: SliceRange = FULL_RANGE,
+    slice_range: SliceRange = SliceRange.FULL,
     num_partitions: int = DEFAULT_PARTITIONS,
     max_events_per_trigger: int | None = None,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
@@ -179,7 +179,7 @@ def project(
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise InvalidArgument("checkpoint_location must be a non-empty path")
     settings = settings or JournalSettings()
-    ranges = split_range(slice_range, num_partitions)
+    ranges = slice_range.split(num_partitions)
     start = store_start(dsn, settings, name, slice_range)
     options = _source_options(
         dsn, settings, entity_type, slice_range, num_partitions,
@@ -249,7 +249,7 @@ def rebuild(
     up_to: datetime | None = None,
     settings: JournalSettings | None = None,
     projection_settings: ProjectionSettings | None = None,
-    slice_range: SliceRange = FULL_RANGE,
+    slice_range: SliceRange = SliceRange.FULL,
     num_partitions: int = DEFAULT_PARTITIONS,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
     lease_wait: timedelta = DEFAULT_LEASE_WAIT,
@@ -270,7 +270,7 @@ def rebuild(
     if isinstance(tables, str) or not tables or not all(isinstance(t, str) for t in tables):
         raise InvalidArgument("tables must be a non-empty list of table names")
     settings = settings or JournalSettings()
-    ranges = split_range(slice_range, num_partitions)
+    ranges = slice_range.split(num_partitions)
     staging = _staging_schema(settings, name)
     with open_sync(dsn, settings) as conn:
         targets = _resolve_tables(conn, tables)
@@ -394,6 +394,6 @@ def _swap(
     ).fetchall()
     markers = [Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, up_to) for s in slice_range]
     for r in {f.slice_range for f in leases.fences}:
-        dao.save(conn, range_key(r), [m for m in markers if m.slice in r])
+        dao.save(conn, r.key, [m for m in markers if m.slice in r])
     conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(staging)))
     return sum(1 for (event,) in moved if event)

@@ -73,20 +73,7 @@ class SourceOptions:
     def partition_ranges(self) -> list[SliceRange]:
         """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
         lies in exactly one), as even as the count allows."""
-        return split_range(self.slice_range, self.num_partitions)
-
-
-def split_range(r: SliceRange, parts: int) -> list[SliceRange]:
-    """`r` in `parts` contiguous, non-empty sub-ranges (fewer if `r` has fewer slices)."""
-    parts = min(parts, len(r))
-    size, extra = divmod(len(r), parts)
-    out = []
-    lo = r.min_slice
-    for i in range(parts):
-        hi = lo + size + (1 if i < extra else 0) - 1
-        out.append(SliceRange(lo, hi))
-        lo = hi + 1
-    return out
+        return self.slice_range.split(self.num_partitions)
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -113,8 +100,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         entity_type = validate_entity_type(raw["entityType"])
     except ValueError as error:
         raise SourceOptionError(f"slicejournal source: option 'entityType': {error}") from None
-    lo = _int(raw, "minSlice", 0)
-    hi = _int(raw, "maxSlice", 1023)
+    lo = _int(raw, "minSlice", SliceRange.FULL.min_slice)
+    hi = _int(raw, "maxSlice", SliceRange.FULL.max_slice)
     try:
         slice_range = SliceRange(lo, hi)
     except ValueError as error:

@@ -54,8 +54,7 @@ from projections.core import (
 )
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
-from projections.names import range_key
-from projections.offset_dao import SyncOffsetDao
+from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
@@ -141,7 +140,7 @@ class _PartitionRun:
     def __init__(self, sink: PartitionSink, r: SliceRange, fence: Fence | None) -> None:
         self.sink = sink
         self.range = r
-        self.key = range_key(r)
+        self.key = r.key
         self.fence = fence
         self.tables = Tables(sink.settings)
         self.registry = sink.registry()
