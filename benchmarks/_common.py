@@ -45,7 +45,7 @@ from psycopg import sql
 from journal import Journal, JournalSettings, TimestampOffset
 from journal.dsn import DSN_ENV
 from journal.query.sql import envelope_columns
-from journal.schema import apply_schema
+from journal.aio.pool import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import slice_for
 from journal.tables import Tables
@@ -574,7 +574,7 @@ async def consume(
     """Record each envelope of a live stream over all slices as it arrives."""
     loop = asyncio.get_running_loop()
     stream = journal.events_by_slices(entity_type, 0, 1023, start)
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+    async with contextlib.aclosing(stream):
         async for env in stream:
             if env.source == "backtracking":
                 live.backtracking += 1
@@ -582,7 +582,7 @@ async def consume(
             live.on_arrived((env.persistence_id, env.seq_nr), loop.time())
 
 
-async def race(background: asyncio.Task[None], work: Awaitable[Any]) -> None:
+async def race(background: asyncio.Task[Any], work: Awaitable[Any]) -> None:
     """Await `work`, failing at once if `background` fails first."""
     task = asyncio.ensure_future(work)
     done, _ = await asyncio.wait([task, background], return_when=asyncio.FIRST_COMPLETED)

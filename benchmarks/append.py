@@ -60,7 +60,7 @@ from psycopg import sql
 
 from journal import Journal, JournalSettings, slice_for
 from journal.model import SerializedPayload
-from journal.schema import apply_schema
+from journal.aio.pool import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.tables import Tables
 from journal.writer import PreparedAppend, WriterSql

@@ -49,7 +49,7 @@ from psycopg import conninfo, sql
 
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange
 from projections import Projection, ProjectionSettings
-from projections.scaling import ProjectionGroup
+from projections.aio.group import ProjectionGroup
 
 ENTITY = "Bench"
 PIDS = 10_000

@@ -60,20 +60,22 @@ from journal.slices import (
 )
 
 # The drivers load psycopg and asyncio: imported on first use (see journal/_lazy.py).
+# `journal.sync` is generated from `journal.aio` (tools/async_to_sync.py).
 if TYPE_CHECKING:
-    from journal.aggregate import AggregateRepository, Loaded
-    from journal.journal import Journal
-    from journal.sync_aggregate import SyncAggregateRepository
-    from journal.sync_journal import SyncJournal
+    from journal.aggregate import Loaded
+    from journal.aio.aggregate import AggregateRepository
+    from journal.aio.journal import Journal
+    from journal.sync.aggregate import SyncAggregateRepository
+    from journal.sync.journal import SyncJournal
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
-        "AggregateRepository": "journal.aggregate",
+        "AggregateRepository": "journal.aio.aggregate",
         "Loaded": "journal.aggregate",
-        "Journal": "journal.journal",
-        "SyncAggregateRepository": "journal.sync_aggregate",
-        "SyncJournal": "journal.sync_journal",
+        "Journal": "journal.aio.journal",
+        "SyncAggregateRepository": "journal.sync.aggregate",
+        "SyncJournal": "journal.sync.journal",
     },
 )
 

@@ -1,10 +1,10 @@
-"""The driver boundary: connecting to PostgreSQL with typed, one-line errors.
+"""The driver boundary's errors: typed, one line, never with a password in them.
 
-Everything that opens a connection goes through `connect` (or a `JournalPool`),
-so an unreachable server, a bad password or a malformed DSN surfaces as a
-`ConnectionFailed` / `InvalidArgument` naming the host and port, never as a
-psycopg traceback, and never with the password in it. `JournalPool` also turns
-"relation does not exist" on one of the journal's own tables into
+Both drivers (`journal/aio/pool.py` and its generated twin) open every
+connection and pool through these helpers, so an unreachable server, a bad
+password or a malformed DSN surfaces as a `ConnectionFailed` /
+`InvalidArgument` naming the host and port, never as a psycopg traceback; and
+"relation does not exist" on one of the journal's own tables becomes
 `SchemaNotInitialized`.
 """
 
@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from journal.dsn import display_dsn
 from journal.errors import ConnectionFailed, InvalidArgument, SchemaNotInitialized
@@ -124,30 +123,6 @@ def connect_errors(dsn: str) -> Iterator[None]:
         raise connection_failed(dsn, e) from None
 
 
-async def connect(
-    dsn: str, *, connect_timeout: int, autocommit: bool = True
-) -> AsyncConnection[Any]:
-    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
-    with connect_errors(dsn):
-        return await psycopg.AsyncConnection.connect(
-            dsn, autocommit=autocommit, connect_timeout=connect_timeout
-        )
-
-
-def connect_sync(dsn: str, *, connect_timeout: int, autocommit: bool = True) -> Connection[Any]:
-    """`connect` for the synchronous driver."""
-    with connect_errors(dsn):
-        return psycopg.Connection.connect(
-            dsn, autocommit=autocommit, connect_timeout=connect_timeout
-        )
-
-
-def open_sync(dsn: str, settings: JournalSettings) -> Connection[Any]:
-    """One autocommit connection within the settings' `connect_timeout` (close it with
-    `with`): for drivers without a pool, such as Spark executors."""
-    return connect_sync(dsn, connect_timeout=settings.connect_timeout_seconds)
-
-
 def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str | None:
     """Which of the journal's tables the error is about, if any (a handler's own is not)."""
     message = error.diag.message_primary or str(error)
@@ -180,35 +155,22 @@ def schema_errors(tables: Tables, where: str | None = None) -> Iterator[None]:
         raise SchemaNotInitialized(tables.settings.schema, table, where) from e
 
 
-_TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
 
 
-def _schema_missing(
+def schema_missing(
     conn: AsyncConnection[Any] | Connection[Any], tables: Tables
 ) -> SchemaNotInitialized:
+    """The error for a database where `TABLE_EXISTS` found no journal table."""
     return SchemaNotInitialized(
         tables.settings.schema, tables.settings.journal_table, describe(conn)
     )
 
 
-async def ensure_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
-    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
-    cur = await conn.execute(_TABLE_EXISTS, (tables.journal.as_string(conn),))
-    row = await cur.fetchone()
-    if not (row and row[0]):
-        raise _schema_missing(conn, tables)
-
-
-def ensure_schema_sync(conn: Connection[Any], tables: Tables) -> None:
-    """`ensure_schema` for the synchronous driver."""
-    row = conn.execute(_TABLE_EXISTS, (tables.journal.as_string(conn),)).fetchone()
-    if not (row and row[0]):
-        raise _schema_missing(conn, tables)
-
-
-def _pool_kwargs(
+def pool_kwargs(
     settings: JournalSettings, name: str, application_name: str | None
 ) -> dict[str, Any]:
+    """The pool arguments both drivers' pools are built with (closed until `open_checked`)."""
     kwargs: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": settings.connect_timeout_seconds,
@@ -224,7 +186,8 @@ def _pool_kwargs(
     }
 
 
-def _pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Exception) -> Exception:
+def pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Exception) -> Exception:
+    """The `ConnectionFailed` for a pool that could not open its first connections."""
     return connection_failed(
         dsn,
         f"pool {name!r} could not open its {min_size} connection(s) "
@@ -232,79 +195,8 @@ def _pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Excepti
     )
 
 
-class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
-    """A connection pool whose connections time out on connect and whose errors are typed."""
+def open_sync(dsn: str, settings: JournalSettings) -> Connection[Any]:
+    """Deprecated alias of `journal.sync.pool.open_connection` (kept while callers move)."""
+    from journal.sync.pool import open_connection
 
-    def __init__(
-        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
-    ) -> None:
-        """`application_name` names the server sessions (the read pools' mark them as readers)."""
-        super().__init__(dsn, **_pool_kwargs(settings, name, application_name))
-        self._dsn = dsn
-        self._tables = Tables(settings)
-        self._where = where_of(parse_dsn(dsn))
-        self._open_timeout = settings.connect_timeout_seconds
-
-    async def open_checked(self) -> None:
-        """Open and wait for `min_size` connections, within the connect timeout."""
-        try:
-            await self.open(wait=True, timeout=self._open_timeout)
-        except PoolTimeout as e:
-            raise _pool_timed_out(
-                self._dsn, self.name, self.min_size, self._open_timeout, e
-            ) from None
-
-    @contextlib.asynccontextmanager
-    async def connection(
-        self,
-        timeout: float | None = None,  # noqa: ASYNC109  # the base class's signature
-    ) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
-
-        `getconn`/`putconn` rather than the base class's `connection()`: one
-        context manager instead of three nested ones on every append and query.
-        Our connections autocommit, and `putconn` rolls back whatever a failed
-        block left open, which is all the base class's wrapper adds for them.
-        """
-        conn = await self.getconn(timeout)
-        try:
-            with schema_errors(self._tables, self._where):
-                yield conn
-        finally:
-            await self.putconn(conn)
-
-
-class SyncJournalPool(ConnectionPool[Connection[Any]]):
-    """`JournalPool` for the synchronous driver."""
-
-    def __init__(
-        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
-    ) -> None:
-        """`application_name` names the server sessions (the read pools' mark them as readers)."""
-        super().__init__(dsn, **_pool_kwargs(settings, name, application_name))
-        self._dsn = dsn
-        self._tables = Tables(settings)
-        self._where = where_of(parse_dsn(dsn))
-        self._open_timeout = settings.connect_timeout_seconds
-
-    def open_checked(self) -> None:
-        """Open and wait for `min_size` connections, within the connect timeout."""
-        try:
-            self.open(wait=True, timeout=self._open_timeout)
-        except PoolTimeout as e:
-            raise _pool_timed_out(
-                self._dsn, self.name, self.min_size, self._open_timeout, e
-            ) from None
-
-    @contextlib.contextmanager
-    def connection(self, timeout: float | None = None) -> Iterator[Connection[Any]]:
-        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
-
-        `getconn`/`putconn` for the same reason as `JournalPool.connection`.
-        """
-        conn = self.getconn(timeout)
-        try:
-            with schema_errors(self._tables, self._where):
-                yield conn
-        finally:
-            self.putconn(conn)
+    return open_connection(dsn, settings)

@@ -1,6 +1,7 @@
 """Applying the DDL in `sql/` to a database, idempotently.
 
-The files ship inside the wheel (as `journal/ddl/`); in a source checkout they
+The drivers run `schema_script` (`journal/aio/pool.py`, `apply_schema`). The
+files ship inside the wheel (as `journal/ddl/`); in a source checkout they
 are read from the top-level `sql/` folder. Placeholders are filled with quoted
 identifiers from the settings, and the whole script runs in one transaction
 under an advisory lock, so two services starting at once cannot race on
@@ -12,7 +13,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from psycopg import AsyncConnection, Connection, sql
+from psycopg import sql
 
 from journal.settings import JournalSettings
 from journal.tables import Tables
@@ -45,17 +46,3 @@ def schema_script(
         (_INIT_LOCK_KEY,),
     )
     return [lock, *((statement, ()) for statement in ddl_statements(settings))]
-
-
-async def apply_schema(conn: AsyncConnection[object], settings: JournalSettings) -> None:
-    """Create schema, tables and indexes if missing; running it again changes nothing."""
-    async with conn.transaction():
-        for statement, params in schema_script(settings):
-            await conn.execute(statement, params)
-
-
-def apply_schema_sync(conn: Connection[object], settings: JournalSettings) -> None:
-    """`apply_schema` for a synchronous connection."""
-    with conn.transaction():
-        for statement, params in schema_script(settings):
-            conn.execute(statement, params)

@@ -13,8 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import attrs
-from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool
+from psycopg import sql
 
 from journal.errors import InvalidArgument
 from journal.model import Snapshot
@@ -110,49 +109,6 @@ def row_to_snapshot(registry: SerializerRegistry, pid: str, row: Sequence[Any]) 
         tags=tuple(tags or ()),
         metadata=metadata,
     )
-
-
-class SnapshotStore:
-    """Saves, loads and deletes the snapshot row of a persistence id."""
-
-    def __init__(
-        self, pool: AsyncConnectionPool[Any], tables: Tables, registry: SerializerRegistry
-    ) -> None:
-        self._pool = pool
-        self._registry = registry
-        self._sql = SnapshotSql.of(tables)
-
-    async def save(
-        self,
-        persistence_id: str,
-        seq_nr: int,
-        state: Any,
-        *,
-        tags: tuple[str, ...] = (),
-        metadata: Any = None,
-        conn: AsyncConnection[Any] | None = None,
-    ) -> None:
-        """Store `state` as of `seq_nr`; an older snapshot never overwrites a newer one."""
-        params = snapshot_params(self._registry, persistence_id, seq_nr, state, tags, metadata)
-        if conn is not None:
-            await conn.execute(self._sql.upsert, params)
-        else:
-            async with self._pool.connection() as own:
-                await own.execute(self._sql.upsert, params)
-
-    async def load(self, persistence_id: str) -> Snapshot | None:
-        """The latest snapshot of the id, or None."""
-        pid = validate_persistence_id(persistence_id)
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(self._sql.select, (pid,))
-            row = await cur.fetchone()
-        return None if row is None else row_to_snapshot(self._registry, pid, row)
-
-    async def delete(self, persistence_id: str) -> None:
-        """Remove the id's snapshot (if any)."""
-        pid = validate_persistence_id(persistence_id)
-        async with self._pool.connection() as conn:
-            await conn.execute(self._sql.delete, (pid,))
 
 
 def _from_millis(millis: int) -> datetime:

@@ -14,7 +14,6 @@ from journal._lazy import lazy_attributes
 from journal.errors import UnknownProjection
 from projections.core import Mode, ProjectionCore, ProjectionStats
 from projections.errors import LeaseLost, OffsetConflict, ProjectionError
-from projections.names import range_key
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
@@ -24,14 +23,20 @@ if TYPE_CHECKING:
     from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus
     from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
     from projections.management import DeadLetter, ProjectionManagement, RangeStatus
-    from projections.runner import (
+    from projections.aio.group import ProjectionGroup
+    from projections.aio.runner import (
         AtLeastOnceHandler,
         GroupedHandler,
         Handler,
         Projection,
     )
-    from projections.scaling import ProjectionGroup
-    from projections.sync_runner import SyncHandler, SyncProjection
+    from projections.sync.group import SyncProjectionGroup
+    from projections.sync.runner import (
+        SyncAtLeastOnceHandler,
+        SyncGroupedHandler,
+        SyncHandler,
+        SyncProjection,
+    )
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -41,24 +46,24 @@ __getattr__, __dir__ = lazy_attributes(
             "projections.management",
         ),
         **dict.fromkeys(
-            (
-                "AtLeastOnceHandler",
-                "FleetControl",
-                "FleetStatus",
-                "FleetWorker",
-                "GroupedHandler",
-                "Handler",
-                "Projection",
-            ),
-            "projections.runner",
+            ("AtLeastOnceHandler", "GroupedHandler", "Handler", "Projection"),
+            "projections.aio.runner",
         ),
-        "ProjectionGroup": "projections.scaling",
+        "ProjectionGroup": "projections.aio.group",
         **dict.fromkeys(
             ("FleetControl", "FleetStatus", "LeaseStatus"), "projections.fleet.control"
         ),
         **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
-        "SyncHandler": "projections.sync_runner",
-        "SyncProjection": "projections.sync_runner",
+        **dict.fromkeys(
+            (
+                "SyncAtLeastOnceHandler",
+                "SyncGroupedHandler",
+                "SyncHandler",
+                "SyncProjection",
+            ),
+            "projections.sync.runner",
+        ),
+        "SyncProjectionGroup": "projections.sync.group",
     },
 )
 
@@ -86,12 +91,14 @@ __all__ = [
     "RangeStatus",
     "Record",
     "RecoveryStrategy",
+    "SyncAtLeastOnceHandler",
+    "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",
+    "SyncProjectionGroup",
     "UnknownProjection",
     "Validation",
     "Verdict",
     "WorkerApp",
     "WorkerSettings",
-    "range_key",
 ]

@@ -25,8 +25,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 async def _init(dsn: str, settings: JournalSettings) -> None:
     import psycopg
 
-    from journal.connection import connect, describe, one_line
-    from journal.schema import apply_schema
+    from journal.aio.pool import apply_schema, connect
+    from journal.connection import describe, one_line
 
     # `connect` fails within settings.connect_timeout with a one-line ConnectionFailed
     # (or InvalidArgument for a malformed DSN), password masked.

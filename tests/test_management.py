@@ -35,7 +35,7 @@ from projections import (
     ProjectionSettings,
     Record,
 )
-from projections.offset_dao import OffsetDao
+from projections.aio.offset_dao import OffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR
 from tests import bank
 from tests.conftest import fast_query_settings

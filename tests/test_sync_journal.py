@@ -46,7 +46,7 @@ def registry() -> SerializerRegistry:
 
 @pytest.fixture
 def sync_journal(pg_dsn: str, settings: JournalSettings) -> Iterator[SyncJournal]:
-    with SyncJournal.connect(pg_dsn, settings, registry(), create_schema=True) as j:
+    with SyncJournal.connect(pg_dsn, settings, serializers=registry(), create_schema=True) as j:
         yield j
 
 
@@ -138,7 +138,7 @@ async def test_both_drivers_read_each_others_writes(
     pg_dsn: str, settings: JournalSettings, journal: Journal
 ) -> None:
     def sync_side() -> tuple[list[EventEnvelope], list[EventEnvelope]]:
-        with SyncJournal.connect(pg_dsn, settings, registry()) as sj:
+        with SyncJournal.connect(pg_dsn, settings, serializers=registry()) as sj:
             p = pid("from-sync")
             written = sj.append(p, [Deposited(7)], expected_seq_nr=0)
             return written, list(sj.current_events_by_persistence_id(pid("from-async")))

@@ -47,7 +47,7 @@ def backfill(pg_dsn: str, schema: str) -> int:
     """Run the sync runner until it has caught up; returns how many it applied."""
     settings = journal_settings(schema)
     with SyncJournal.connect(pg_dsn, settings) as sj:
-        projection = SyncProjection(
+        projection = SyncProjection.exactly_once(
             sj, name="balances", entity_type=bank.ENTITY, slice_range=WHOLE,
             handler=sync_handler(settings), settings=FAST,
         )  # fmt: skip
@@ -91,7 +91,7 @@ async def test_a_failing_sync_handler_fails_the_run(bank_journal: Journal, pg_ds
 
     def run() -> None:
         with SyncJournal.connect(pg_dsn, settings) as sj:
-            SyncProjection(
+            SyncProjection.exactly_once(
                 sj, name="b", entity_type=bank.ENTITY, slice_range=WHOLE, handler=broken,
                 settings=FAST, recovery=RecoveryStrategy.retry_and_fail(2, 0.01),
             ).run(until_caught_up=True)  # fmt: skip

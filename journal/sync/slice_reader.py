@@ -1,4 +1,10 @@
+# Generated from journal/aio/slice_reader.py by tools/async_to_sync.py: do not edit.
+# Change journal/aio/slice_reader.py and run `./dev generate` (`./dev lint` fails when this is stale).
 """The async driver of the slice query: executes `BySliceQuery`'s requests.
+
+The one I/O seam of the slice query: its requests (horizon reading, bucket
+counts, rows, database time, waits) are answered here and nowhere else, by
+this module and its generated sync twin.
 
 Everything that needs a judgement lives in `by_slice.py`; this module only
 runs SQL, sleeps, and listens for wake-ups. Short (LIMIT) results are fetched
@@ -9,18 +15,17 @@ which handlers never draw from, so a slow consumer cannot starve them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import Generator
 from datetime import datetime
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import ConnectionPool
 
 from journal.errors import ProtocolError
 from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
-from journal.notifications import NotificationListener, wait_for_wakeup
 from journal.query import sql as q
 from journal.query.by_slice import (
     BucketsQuery,
@@ -36,6 +41,8 @@ from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from
 from journal.rows import row_to_envelope
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
+from journal.sync.flavour import sleep
+from journal.sync.notifications import NotificationListener, Subscription, wait_for_wakeup
 from journal.tables import Tables
 
 _cursor_ids = itertools.count()
@@ -46,7 +53,7 @@ class SliceReader:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: ConnectionPool[Any],
         tables: Tables,
         registry: SerializerRegistry,
         settings: QuerySettings,
@@ -59,13 +66,13 @@ class SliceReader:
         self._listener = listener
         self._blind = BlindWarning()
 
-    async def database_time(self) -> datetime:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(q.database_time())
-            value: datetime = (await _one(cur))[0]
+    def database_time(self) -> datetime:
+        with self._pool.connection() as conn:
+            cur = conn.execute(q.database_time())
+            value: datetime = (_one(cur))[0]
         return value
 
-    async def stream(
+    def stream(
         self,
         entity_type: str,
         min_slice: int,
@@ -75,33 +82,32 @@ class SliceReader:
         live: bool,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
-    ) -> AsyncIterator[EventEnvelope]:
+    ) -> Generator[EventEnvelope, None, None]:
         """Yield envelopes of the range as decided by a fresh `BySliceQuery`."""
         settings = settings or self._settings
-        loop = asyncio.get_running_loop()
-        end = None if live else await self.database_time()
+        end = None if live else self.database_time()
         machine = BySliceQuery(
-            settings, offset, live=live, end=end, heartbeats=heartbeats, now=loop.time()
+            settings, offset, live=live, end=end, heartbeats=heartbeats, now=time.monotonic()
         )
         sub = None
         if live and settings.notifications and self._listener is not None:
             sub = self._listener.subscribe(entity_type, min_slice, max_slice)
         try:
             while True:
-                request = machine.next_request(loop.time())
+                request = machine.next_request(time.monotonic())
                 if isinstance(request, Done):
                     return
                 if isinstance(request, Wait):
-                    await self._wait(machine, request, sub)
+                    self._wait(machine, request, sub)
                 elif isinstance(request, HeartbeatDue):
-                    db_now = await self.database_time()
-                    hb = machine.on_heartbeat(db_now, loop.time())
+                    db_now = self.database_time()
+                    hb = machine.on_heartbeat(db_now, time.monotonic())
                     yield heartbeat_envelope(entity_type, min_slice, hb)
                 elif isinstance(request, HorizonQuery):
                     statement, params = q.horizon(self._tables, READER_APPLICATION)
-                    async with self._pool.connection() as conn:
-                        cur = await conn.execute(statement, params)
-                        reading = horizon_from_row(await _one(cur))
+                    with self._pool.connection() as conn:
+                        cur = conn.execute(statement, params)
+                        reading = horizon_from_row(_one(cur))
                     self._blind.note(reading)
                     machine.on_horizon(reading)
                 elif isinstance(request, BucketsQuery):
@@ -113,60 +119,64 @@ class SliceReader:
                         request,
                         settings.behind_current_time,
                     )
-                    async with self._pool.connection() as conn:
-                        cur = await conn.execute(statement, params)
-                        machine.on_buckets(await cur.fetchall())
+                    with self._pool.connection() as conn:
+                        cur = conn.execute(statement, params)
+                        machine.on_buckets(cur.fetchall())
                 else:
                     source = "backtracking" if request.backtracking else "query"
                     registry = self._registry
-                    batches = self._batches(entity_type, min_slice, max_slice, request)
-                    async with contextlib.aclosing(batches):
-                        async for batch in batches:
-                            now = loop.time()
+                    batches = self._batches(entity_type, min_slice, max_slice, request, settings)
+                    with contextlib.closing(batches):
+                        for batch in batches:
+                            now = time.monotonic()
                             for row in batch:
                                 offset_ = machine.on_row(row, row[-1], now)
                                 if offset_ is not None:
                                     yield row_to_envelope(
                                         row, registry, source=source, offset=offset_
                                     )
-                    machine.on_rows_done(loop.time())
+                    machine.on_rows_done(time.monotonic())
         finally:
             warn_if_unfinished(machine, entity_type, min_slice)
             if sub is not None and self._listener is not None:
                 self._listener.unsubscribe(sub)
 
-    async def _batches(
-        self, entity_type: str, min_slice: int, max_slice: int, request: RowsQuery
-    ) -> AsyncGenerator[list[Any], None]:
+    def _batches(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        request: RowsQuery,
+        settings: QuerySettings,
+    ) -> Generator[list[Any], None, None]:
         statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
         if request.limit is not None:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(statement, params)
-                rows = await cur.fetchall()
+            with self._pool.connection() as conn:
+                cur = conn.execute(statement, params)
+                rows = cur.fetchall()
             yield rows
             return
-        async with (
+        with (
             self._pool.connection() as conn,
             conn.transaction(),
             conn.cursor(name=f"slicejournal_chunk_{next(_cursor_ids)}") as cur,
         ):
-            await cur.execute(statement, params)
-            while rows := await cur.fetchmany(self._settings.buffer_size):
+            cur.execute(statement, params)
+            while rows := cur.fetchmany(settings.buffer_size):
                 yield rows
 
-    async def _wait(self, machine: BySliceQuery, request: Wait, sub: Any) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = max(0.0, request.until - loop.time())
+    def _wait(self, machine: BySliceQuery, request: Wait, sub: Subscription | None) -> None:
+        timeout = max(0.0, request.until - time.monotonic())
         if sub is None:
-            await asyncio.sleep(timeout)
+            sleep(timeout)
             return
-        if await wait_for_wakeup(sub.event, timeout):
-            machine.on_notification(loop.time())
+        if wait_for_wakeup(sub.event, timeout):
+            machine.on_notification(time.monotonic())
 
 
-async def _one(cur: Any) -> Any:
+def _one(cur: Any) -> Any:
     """The single row of a statement that always returns one."""
-    row = await cur.fetchone()
+    row = cur.fetchone()
     if row is None:  # pragma: no cover - an aggregate or a function call returns a row
         raise ProtocolError("the database returned no row")
     return row

@@ -4,17 +4,18 @@ Rescaling stops every instance (each finishes its in-flight batch and saves
 its offsets), then starts instances for the new ranges. Because offsets are
 stored per slice and a range resumes from the earliest of its slices' latest
 offsets, going 4 → 8 → 2 → 1 loses nothing and applies nothing twice.
+Instances run as tasks here and as threads in the generated sync group.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
-from journal import SliceRange, slice_ranges
+from journal.aio.flavour import Task, gather, spawn, task_failure
+from journal.slices import SliceRange, slice_ranges
+from projections.aio.runner import Projection
 from projections.core import ProjectionStats
-from projections.runner import Projection
 
 _log = logging.getLogger("slicejournal.projections.scaling")
 
@@ -27,7 +28,7 @@ class ProjectionGroup:
         self._factory = factory
         self._instances = instances
         self.projections: list[Projection] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[Task[None]] = []
         self.finished: list[ProjectionStats] = []
 
     @property
@@ -39,10 +40,11 @@ class ProjectionGroup:
         if self._tasks:
             return
         self.projections = [self._factory(r) for r in slice_ranges(self._instances)]
-        self._tasks = [
-            asyncio.get_running_loop().create_task(p.run(), name=f"projection {p.key}")
-            for p in self.projections
-        ]
+        self._tasks = [spawn(self._run, p, name=f"projection {p.key}") for p in self.projections]
+
+    @staticmethod
+    async def _run(projection: Projection) -> None:
+        await projection.run()
 
     async def stop(self) -> None:
         """Stop every instance after its in-flight batch.
@@ -52,7 +54,7 @@ class ProjectionGroup:
         """
         for p in self.projections:
             await p.stop()
-        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        results = await gather(self._tasks)
         self.finished.extend(p.stats for p in self.projections)
         self._tasks, self.projections = [], []
         # Each failure was logged by its instance (projection, range, error).
@@ -73,8 +75,9 @@ class ProjectionGroup:
     def failed(self) -> BaseException | None:
         """The first failure among running instances, if any."""
         for t in self._tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                return t.exception()
+            failure = task_failure(t)
+            if failure is not None:
+                return failure
         return None
 
     def stats(self) -> list[ProjectionStats]:

@@ -13,23 +13,43 @@ cleanup). Accepted envelopes go to the handler in one of three delivery modes:
 * at-least-once — the handler runs on its own; offsets are saved every N
   envelopes or T ms, so a crash may repeat events but never loses one.
 
-A pump task moves envelopes from the stream into a bounded queue so the
-consumer can flush batches on time even when the stream is quiet.
+A pump task (a thread in the sync flavour) moves envelopes from the stream
+into a bounded queue so the consumer can flush batches on time even when the
+stream is quiet. This module is the one source of both runners:
+`projections/sync/runner.py` (`SyncProjection`) is generated from it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import attrs
 import psycopg
 from psycopg import AsyncConnection
 
-from journal import EventEnvelope, Journal, QuerySettings, SliceRange
+from journal.aio.flavour import (
+    ASYNC,
+    CancelledError,
+    Event,
+    Queue,
+    cancel_and_wait,
+    queue_get,
+    queue_offer,
+    queue_put,
+    sleep,
+    spawn,
+    wait_event,
+)
+from journal.aio.journal import Journal
+from journal.model import EventEnvelope, TimestampOffset
+from journal.settings import QuerySettings
+from journal.slices import SliceRange
+from projections.aio.offset_dao import OffsetDao, insert_dead_letters, is_paused
 from projections.core import (
     Action,
     Commit,
@@ -46,13 +66,14 @@ from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.management_sql import ManagementSql
 from projections.names import check_instance
-from projections.offset_dao import OffsetDao, insert_dead_letters, is_paused
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
 _log = logging.getLogger("slicejournal.projections.runner")
+
+_FLAVOUR = "async" if ASYNC else "sync"
 
 Handler = Callable[[AsyncConnection[Any], EventEnvelope], Awaitable[None]]
 GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable[None]]
@@ -66,6 +87,18 @@ __all__ = [
     "Projection",
     "ProjectionError",
 ]
+
+
+@attrs.frozen
+class _StreamEnded:
+    """Put in the queue by the pump: the stream ended (`error` None) or failed."""
+
+    error: Exception | None = None
+
+
+# Put in the queue by `stop()`, so a consumer waiting for an envelope wakes at once.
+_WAKE = _StreamEnded()
+_Item = EventEnvelope | _StreamEnded
 
 
 class Projection:
@@ -98,7 +131,8 @@ class Projection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
-        self._stop = asyncio.Event()
+        self._stop = Event()
+        self._queue: Queue[_Item] | None = None
         self._running = False
         # Everything that decides; kept across runs like the stats it counts in.
         self._core = ProjectionCore(
@@ -165,49 +199,59 @@ class Projection:
     # -- lifecycle -------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """Ask `run` to finish the in-flight batch, save offsets and return."""
+        """Ask `run` to finish the in-flight batch, save offsets and return.
+
+        Safe to call from any thread in the sync flavour."""
         self._stop.set()
+        queue = self._queue
+        if queue is not None:
+            queue_offer(queue, _WAKE)  # a full queue wakes the consumer anyway
 
     @property
     def running(self) -> bool:
         return self._running
 
-    async def run(self, *, fence: Fence | None = None) -> None:
+    async def run(
+        self, *, fence: Fence | None = None, until_caught_up: bool = False
+    ) -> ProjectionStats:
         """Project until `stop()`; raises `ProjectionError` if the handler keeps failing.
 
-        With a `fence` (a fleet worker's lease), every transaction that stores
-        offsets first proves the lease is still held, else it rolls back and
-        `run` raises `LeaseLost`. Without one, an event another instance stored
-        already fails the transaction with `OffsetConflict`, never applied twice.
+        With `until_caught_up`, project the events up to the database time at
+        the start and return (a backfill; a live run started later resumes
+        from there). With a `fence` (a fleet worker's lease), every transaction
+        that stores offsets first proves the lease is still held, else it rolls
+        back and `run` raises `LeaseLost`. Without one, an event another
+        instance stored already fails the transaction with `OffsetConflict`,
+        never applied twice. Returns the instance's counters.
         """
         if self._running:
             raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
         self._fence = fence
-        loop = asyncio.get_running_loop()
         try:
             if self._stop.is_set():  # stopped before it ever ran: a stop is never lost
                 _log.info("projection %s %s stopped before it started", self.name, self.key)
-                return
+                return self.stats
             async with self.journal.pool.connection() as conn:
                 records = await self._dao.load(conn, self.slice_range)
             start = self._core.start(records)
             _log.info(
-                "projection %s %s started (%s, entity type %r, resuming from %s)",
+                "projection %s %s started (%s %s, entity type %r, resuming from %s)",
                 self.name,
                 self.key,
+                _FLAVOUR,
                 self.mode.value,
                 self.entity_type,
                 "the beginning" if start is None else start.timestamp.isoformat(),
             )
-            queue: asyncio.Queue[EventEnvelope] = asyncio.Queue(self.settings.buffer)
-            pump = loop.create_task(self._pump(queue, start), name=f"pump {self.key}")
+            queue: Queue[_Item] = Queue(self.settings.buffer)
+            self._queue = queue
+            pump = spawn(self._pump, queue, start, until_caught_up, name=f"pump {self.key}")
             try:
-                await self._consume(queue, pump)
+                await self._consume(queue)
             finally:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+                self._queue = None
+                await cancel_and_wait(pump)
             _log.info(
                 "projection %s %s stopped: %d accepted, %d duplicates, %d gap events, %d skipped",
                 self.name,
@@ -217,7 +261,7 @@ class Projection:
                 self.stats.gaps_filled,
                 self.stats.skipped,
             )
-        except asyncio.CancelledError:
+        except CancelledError:
             _log.info("projection %s %s cancelled", self.name, self.key)
             raise
         except Exception as error:
@@ -227,73 +271,67 @@ class Projection:
             self._running = False
             # Consumed: a later run() starts afresh, a stop() before it is kept.
             self._stop.clear()
+        return self.stats
 
-    async def _pump(self, queue: asyncio.Queue[EventEnvelope], start: Any) -> None:
-        stream = self.journal.events_by_slices(
-            self.entity_type,
-            self.slice_range.min_slice,
-            self.slice_range.max_slice,
-            start,
-            heartbeats=True,
-            settings=self.query_settings,
-        )
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
-            async for env in stream:
-                await queue.put(env)
-
-    async def _consume(self, queue: asyncio.Queue[EventEnvelope], pump: asyncio.Task[None]) -> None:
-        loop = asyncio.get_running_loop()
-        next_poll = loop.time()
-        next_cleanup = loop.time() + self.settings.cleanup_interval.total_seconds()
-        stop_wait = loop.create_task(self._stop.wait())
+    async def _pump(
+        self, queue: Queue[_Item], start: TimestampOffset | None, until_caught_up: bool
+    ) -> None:
+        r = self.slice_range
+        if until_caught_up:
+            stream = self.journal.current_events_by_slices(
+                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings
+            )
+        else:
+            stream = self.journal.events_by_slices(
+                self.entity_type,
+                r.min_slice,
+                r.max_slice,
+                start,
+                heartbeats=True,
+                settings=self.query_settings,
+            )
         try:
-            while not self._stop.is_set():
-                now = loop.time()
-                if now >= next_poll:
-                    next_poll = now + self.settings.management_poll_interval.total_seconds()
-                    if await self._paused():
-                        await self._flush()
-                        await asyncio.wait(
-                            [stop_wait],
-                            timeout=self.settings.management_poll_interval.total_seconds(),
-                        )
-                        continue
-                if now >= next_cleanup:
-                    next_cleanup = now + self.settings.cleanup_interval.total_seconds()
-                    await self._cleanup()
-                if not queue.empty():
-                    # The common case while busy: no task and no wait per envelope.
-                    await self._handle(queue.get_nowait())
-                    await self._drive(self._core.poll(loop.time()))
-                    if pump.done():
-                        self._raise_stream_failure(pump)
-                    continue
-                timeout = max(0.0, min(next_poll, self._core.next_deadline()) - loop.time())
-                get = loop.create_task(queue.get())
-                done, _ = await asyncio.wait(
-                    [get, stop_wait, pump], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if get in done:
-                    await self._handle(get.result())
-                else:
-                    get.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await get
-                if pump in done:
-                    self._raise_stream_failure(pump)
-                await self._drive(self._core.poll(loop.time()))
-            await self._flush()
-        finally:
-            stop_wait.cancel()
+            async with contextlib.aclosing(stream):
+                async for env in stream:
+                    await queue_put(queue, env)
+        except Exception as error:  # handed to the consumer, which fails the run with it
+            await queue_put(queue, _StreamEnded(error))
+            return
+        await queue_put(queue, _StreamEnded())
 
-    def _raise_stream_failure(self, pump: asyncio.Task[None]) -> None:
-        exc = pump.exception()
-        raise ProjectionError(f"slice stream of {self.name} {self.key} failed: {exc}") from exc
+    async def _consume(self, queue: Queue[_Item]) -> None:
+        poll = self.settings.management_poll_interval.total_seconds()
+        next_poll = time.monotonic()
+        next_cleanup = time.monotonic() + self.settings.cleanup_interval.total_seconds()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + poll
+                if await self._paused():
+                    await self._flush()
+                    await wait_event(self._stop, poll)
+                    continue
+            if now >= next_cleanup:
+                next_cleanup = now + self.settings.cleanup_interval.total_seconds()
+                await self._cleanup()
+            timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
+            item = await queue_get(queue, timeout)
+            if isinstance(item, EventEnvelope):
+                await self._handle(item)
+            elif item is not None and item is not _WAKE:
+                if item.error is not None:
+                    error = item.error
+                    raise ProjectionError(
+                        f"slice stream of {self.name} {self.key} failed: {error}"
+                    ) from error
+                break  # a current (until caught up) stream ended
+            await self._drive(self._core.poll(time.monotonic()))
+        await self._flush()
 
     # -- executing the core's actions -----------------------------------------------------------
 
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return time.monotonic()
 
     async def _handle(self, env: EventEnvelope) -> None:
         await self._drive(self._core.offer(env, self._now()))
@@ -389,7 +427,7 @@ class Projection:
             try:
                 await call(envelopes)
                 return False
-            except asyncio.CancelledError:
+            except CancelledError:
                 raise
             except Exception as error:
                 self._raise_offset_failure(error)
@@ -403,7 +441,7 @@ class Projection:
                         strategy.attempts,
                         error,
                     )
-                    await asyncio.sleep(strategy.delay(attempt))
+                    await sleep(strategy.delay(attempt))
                     continue
                 if strategy.on_failure is OnFailure.RETRY_AND_SKIP:
                     await self._dead_letter(envelopes, error)

@@ -8,30 +8,34 @@ snapshots, queries). Construct it with `Journal.connect(...)`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 
-from journal.connection import JournalPool, connect, ensure_schema
+from journal.aio.by_persistence_id import PersistenceIdQueries
+from journal.aio.flavour import ASYNC
+from journal.aio.notifications import NotificationListener, Notifier
+from journal.aio.pool import JournalPool, apply_schema, connect, ensure_schema
+from journal.aio.slice_reader import SliceReader
+from journal.aio.snapshots import SnapshotStore
+from journal.aio.writer import EventWriter
 from journal.dsn import database
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
-from journal.notifications import NotificationListener, Notifier
 from journal.query import sql as q
-from journal.query.by_persistence_id import PersistenceIdQueries, check_seq_range
+from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
-from journal.query.reader import SliceReader
 from journal.rows import row_to_envelope
-from journal.schema import apply_schema
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
-from journal.snapshots import SnapshotStore
 from journal.tables import Tables
-from journal.writer import EventWriter, prepare_append
+from journal.writer import prepare_append
+
+POOL_NAME = "slicejournal" if ASYNC else "slicejournal-sync"
 
 
 class Journal:
@@ -49,11 +53,11 @@ class Journal:
         self.tables = Tables(settings)
         # The pools time out on connect and report a missing journal table as
         # `SchemaNotInitialized` (journal/connection.py); a malformed DSN fails here.
-        self.pool = JournalPool(dsn, settings, "slicejournal")
+        self.pool = JournalPool(dsn, settings, POOL_NAME)
         # Slice streams hold a connection while a catch-up chunk is consumed;
         # their own pool keeps them from starving writers and handlers.
         self.read_pool = JournalPool(
-            dsn, settings, "slicejournal-read", application_name=READER_APPLICATION
+            dsn, settings, f"{POOL_NAME}-read", application_name=READER_APPLICATION
         )
         channel = self.tables.notify_channel
         self._notifier = Notifier(channel, self._connect) if settings.notify else None
@@ -210,7 +214,7 @@ class Journal:
 
     def current_events_by_persistence_id(
         self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
-    ) -> AsyncIterator[EventEnvelope]:
+    ) -> AsyncGenerator[EventEnvelope, None]:
         """The id's stored events in seq_nr order (deleted ones skipped), then the end."""
         pid = validate_persistence_id(persistence_id)
         lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
@@ -218,13 +222,13 @@ class Journal:
 
     def events_by_persistence_id(
         self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
-    ) -> AsyncIterator[EventEnvelope]:
+    ) -> AsyncGenerator[EventEnvelope, None]:
         """Like `current_events_by_persistence_id`, then waits for new events (live)."""
         pid = validate_persistence_id(persistence_id)
         lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
         return self._by_pid.live(pid, lo, hi)
 
-    def current_persistence_ids(self, entity_type: str | None = None) -> AsyncIterator[str]:
+    def current_persistence_ids(self, entity_type: str | None = None) -> AsyncGenerator[str, None]:
         """Every persistence id in the journal (optionally of one entity type), sorted."""
         return self._by_pid.persistence_ids(entity_type)
 
@@ -239,7 +243,7 @@ class Journal:
         *,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
-    ) -> AsyncIterator[EventEnvelope]:
+    ) -> AsyncGenerator[EventEnvelope, None]:
         """Live stream of the entity type's events in a slice range, never ending on its own.
 
         Ordered by (db_timestamp, seq_nr), except that backtracking envelopes
@@ -268,7 +272,7 @@ class Journal:
         offset: TimestampOffset | None = None,
         *,
         settings: QuerySettings | None = None,
-    ) -> AsyncIterator[EventEnvelope]:
+    ) -> AsyncGenerator[EventEnvelope, None]:
         """The range's events up to the database time at the start, then the end."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._slices.stream(

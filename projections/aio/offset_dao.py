@@ -1,9 +1,9 @@
-"""The offset store's executors: run `OffsetSql` statements on a connection.
+"""The offset store's async executor: runs `OffsetSql` statements on a connection.
 
 Saving happens on the caller's connection so exactly-once handlers commit
-their writes and the offsets in one transaction. `OffsetDao` is the async
-executor, `SyncOffsetDao` the blocking one; both run exactly the statements
-`projections.offset_sql` builds. The runner's two management statements (the
+their writes and the offsets in one transaction. The sync twin is generated
+from this module; both run exactly the statements `projections.offset_sql`
+builds. The runner's two management statements (the
 pause check, dead letters) are executed here too, so the runner never imports
 the operators' module.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncRawCursor, Connection, RawCursor
+from psycopg import AsyncConnection, AsyncRawCursor
 
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
@@ -23,16 +23,6 @@ from projections.fencing import Fence
 from projections.management_sql import ManagementSql, pauses
 from projections.offset_sql import OffsetSql, Statement, records_of
 from projections.offset_store import Record
-
-__all__ = [
-    "OffsetDao",
-    "OffsetSql",
-    "Statement",
-    "SyncOffsetDao",
-    "insert_dead_letters",
-    "is_paused",
-    "records_of",
-]
 
 
 class OffsetDao:
@@ -81,36 +71,6 @@ class OffsetDao:
         """Replace the range's offsets by start markers: resume at `timestamp`, skip older."""
         for statement in self.sql.set_start(key, slices, timestamp):
             await self._run(conn, statement)
-
-
-class SyncOffsetDao:
-    """Executes offset store statements for one projection name (sync driver)."""
-
-    def __init__(self, tables: Tables, projection_name: str) -> None:
-        self.name = projection_name
-        self.sql = OffsetSql(tables, projection_name)
-
-    def _run(self, conn: Connection[Any], statement: Statement) -> int:
-        if statement.raw:
-            cur: Any = RawCursor(conn)
-            cur.execute(statement.query, statement.params)
-        else:
-            cur = conn.execute(statement.query, statement.params)
-        return int(cur.rowcount)
-
-    def load(self, conn: Connection[Any], slices: SliceRange) -> list[Record]:
-        statement = self.sql.load(slices)
-        return records_of(conn.execute(statement.query, statement.params).fetchall())
-
-    def save(
-        self, conn: Connection[Any], key: str, records: Sequence[Record], fence: Fence | None = None
-    ) -> None:
-        """Insert event records and progress markers (replacing older markers of those slices)."""
-        for statement in self.sql.save(key, records, fence):
-            self._run(conn, statement)
-
-    def clear(self, conn: Connection[Any], slices: SliceRange) -> None:
-        self._run(conn, self.sql.clear(slices))
 
 
 async def is_paused(

@@ -1,0 +1,6 @@
+"""The journal's asyncio drivers: the one source of every I/O behaviour.
+
+`journal/sync/` is generated from these modules by `tools/async_to_sync.py`;
+the pure parts they execute (statements, the slice-query machine, row
+decoding) live beside them in `journal/`.
+"""

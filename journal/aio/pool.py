@@ -1,0 +1,103 @@
+"""Connections, pools and schema checks of the async driver, with typed errors.
+
+Every connection the journal opens comes from `connect` or a `JournalPool`, so
+an unreachable server, a bad password or a malformed DSN surfaces as a
+one-line `ConnectionFailed` / `InvalidArgument` (journal/connection.py builds
+them), and a missing journal table as `SchemaNotInitialized`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from journal.connection import (
+    TABLE_EXISTS,
+    connect_errors,
+    parse_dsn,
+    pool_kwargs,
+    pool_timed_out,
+    schema_errors,
+    schema_missing,
+    where_of,
+)
+from journal.schema import schema_script
+from journal.settings import JournalSettings
+from journal.tables import Tables
+
+
+async def connect(
+    dsn: str, *, connect_timeout: int, autocommit: bool = True
+) -> AsyncConnection[Any]:
+    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    with connect_errors(dsn):
+        return await AsyncConnection.connect(
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout
+        )
+
+
+async def open_connection(dsn: str, settings: JournalSettings) -> AsyncConnection[Any]:
+    """One autocommit connection within the settings' `connect_timeout` (close it with
+    `with`): for code without a pool, such as Spark executors."""
+    return await connect(dsn, connect_timeout=settings.connect_timeout_seconds)
+
+
+async def ensure_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
+    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
+    cur = await conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        raise schema_missing(conn, tables)
+
+
+async def apply_schema(conn: AsyncConnection[Any], settings: JournalSettings) -> None:
+    """Create schema, tables and indexes if missing; running it again changes nothing."""
+    async with conn.transaction():
+        for statement, params in schema_script(settings):
+            await conn.execute(statement, params)
+
+
+class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """A connection pool whose connections time out on connect and whose errors are typed."""
+
+    def __init__(
+        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
+    ) -> None:
+        """`application_name` names the server sessions (the read pools' mark them as readers)."""
+        super().__init__(dsn, **pool_kwargs(settings, name, application_name))
+        self._dsn = dsn
+        self._tables = Tables(settings)
+        self._where = where_of(parse_dsn(dsn))
+        self._open_timeout = settings.connect_timeout_seconds
+
+    async def open_checked(self) -> None:
+        """Open and wait for `min_size` connections, within the connect timeout."""
+        try:
+            await self.open(wait=True, timeout=self._open_timeout)
+        except PoolTimeout as e:
+            raise pool_timed_out(
+                self._dsn, self.name, self.min_size, self._open_timeout, e
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109  # the base class's signature
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
+
+        `getconn`/`putconn` rather than the base class's `connection()`: one
+        context manager instead of three nested ones on every append and query.
+        Our connections autocommit, and `putconn` rolls back whatever a failed
+        block left open, which is all the base class's wrapper adds for them.
+        """
+        conn = await self.getconn(timeout)
+        try:
+            with schema_errors(self._tables, self._where):
+                yield conn
+        finally:
+            await self.putconn(conn)

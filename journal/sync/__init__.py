@@ -1,0 +1,8 @@
+# Generated from journal/aio/__init__.py by tools/async_to_sync.py: do not edit.
+# Change journal/aio/__init__.py and run `./dev generate` (`./dev lint` fails when this is stale).
+"""The journal's asyncio drivers: the one source of every I/O behaviour.
+
+`journal/sync/` is generated from these modules by `tools/async_to_sync.py`;
+the pure parts they execute (statements, the slice-query machine, row
+decoding) live beside them in `journal/`.
+"""

@@ -1,0 +1,306 @@
+# Generated from journal/aio/journal.py by tools/async_to_sync.py: do not edit.
+# Change journal/aio/journal.py and run `./dev generate` (`./dev lint` fails when this is stale).
+"""`SyncJournal`: the one object a service holds to write and read events.
+
+It owns the connection pools, the notification sender/listener and the
+serializer registry, and delegates each concern to its module (writer,
+snapshots, queries). Construct it with `SyncJournal.connect(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import Connection
+
+from journal.dsn import database
+from journal.errors import InvalidArgument
+from journal.model import EventEnvelope, Snapshot, TimestampOffset
+from journal.query import sql as q
+from journal.query.by_persistence_id import check_seq_range
+from journal.query.by_slice import check_slice_query
+from journal.query.horizon import READER_APPLICATION
+from journal.rows import row_to_envelope
+from journal.serialization import SerializerRegistry
+from journal.settings import JournalSettings, QuerySettings
+from journal.slices import validate_persistence_id
+from journal.sync.by_persistence_id import PersistenceIdQueries
+from journal.sync.flavour import ASYNC
+from journal.sync.notifications import NotificationListener, Notifier
+from journal.sync.pool import SyncJournalPool, apply_schema, connect, ensure_schema
+from journal.sync.slice_reader import SliceReader
+from journal.sync.snapshots import SnapshotStore
+from journal.sync.writer import EventWriter
+from journal.tables import Tables
+from journal.writer import prepare_append
+
+POOL_NAME = "slicejournal" if ASYNC else "slicejournal-sync"
+
+
+class SyncJournal:
+    """An event journal in PostgreSQL with Pekko Persistence R2DBC's schema and semantics."""
+
+    def __init__(
+        self,
+        dsn: str,
+        settings: JournalSettings,
+        registry: SerializerRegistry,
+    ) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.serializers = registry
+        self.tables = Tables(settings)
+        # The pools time out on connect and report a missing journal table as
+        # `SchemaNotInitialized` (journal/connection.py); a malformed DSN fails here.
+        self.pool = SyncJournalPool(dsn, settings, POOL_NAME)
+        # Slice streams hold a connection while a catch-up chunk is consumed;
+        # their own pool keeps them from starving writers and handlers.
+        self.read_pool = SyncJournalPool(
+            dsn, settings, f"{POOL_NAME}-read", application_name=READER_APPLICATION
+        )
+        channel = self.tables.notify_channel
+        self._notifier = Notifier(channel, self._connect) if settings.notify else None
+        self._listener = (
+            NotificationListener(channel, self._connect) if settings.query.notifications else None
+        )
+        self._writer = EventWriter(
+            self.pool, self.tables, registry, settings.writer_id, self._notifier
+        )
+        self._snapshots = SnapshotStore(self.pool, self.tables, registry)
+        self._slices = SliceReader(
+            self.read_pool, self.tables, registry, settings.query, self._listener
+        )
+        self._by_pid = PersistenceIdQueries(
+            self.read_pool,
+            self.tables,
+            registry,
+            settings.page_size,
+            settings.query.refresh_interval.total_seconds(),
+            self._listener,
+        )
+
+    def _connect(self) -> Connection[Any]:
+        return connect(self.dsn, connect_timeout=self.settings.connect_timeout_seconds)
+
+    # -- lifecycle --------------------------------------------------------
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(
+        cls,
+        dsn: str | None = None,
+        settings: JournalSettings | None = None,
+        *,
+        serializers: SerializerRegistry | None = None,
+        create_schema: bool | None = None,
+        check_schema: bool = True,
+    ) -> Iterator[SyncJournal]:
+        """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`), the embedded server.
+
+        `create_schema` applies the DDL first; it defaults to True for the
+        embedded server and False for a configured database (run
+        `slicejournal init` there). Errors are typed and fail fast (see `open`).
+        """
+        settings = settings or JournalSettings()
+        with database(dsn) as (resolved, is_default):
+            if create_schema is None:
+                create_schema = is_default
+            journal = cls(resolved, settings, serializers or SerializerRegistry())
+            journal.open(create_schema=create_schema, check_schema=check_schema)
+            try:
+                yield journal
+            finally:
+                journal.close()
+
+    def open(self, *, create_schema: bool = False, check_schema: bool = True) -> None:
+        """Connect once, apply or check the schema, then open the pools.
+
+        Fails fast, within `settings.connect_timeout`: `ConnectionFailed` if
+        the server cannot be reached, `InvalidArgument` for a malformed DSN,
+        `SchemaNotInitialized` if the journal table does not exist and
+        `create_schema` is False. `check_schema=False` skips that check, for a
+        caller that prepares the schema itself and then calls `create_schema()`;
+        a table still missing at first use is `SchemaNotInitialized` then.
+        """
+        conn = self._connect()
+        with conn:
+            if create_schema:
+                apply_schema(conn, self.settings)
+            elif check_schema:
+                ensure_schema(conn, self.tables)
+        pools = (self.pool, self.read_pool)
+        try:
+            for pool in pools:
+                pool.open_checked()
+        except BaseException:
+            for pool in pools:
+                pool.close()
+            raise
+
+    def close(self) -> None:
+        """Send pending notifications, stop listening and close the pools."""
+        if self._notifier is not None:
+            self._notifier.close()
+        if self._listener is not None:
+            self._listener.close()
+        self.read_pool.close()
+        self.pool.close()
+
+    def create_schema(self) -> None:
+        """Apply the DDL in `sql/` (idempotent)."""
+        with self.pool.connection() as conn:
+            apply_schema(conn, self.settings)
+
+    # -- write side -------------------------------------------------------
+
+    def append(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+        conn: Connection[Any] | None = None,
+    ) -> list[EventEnvelope]:
+        """Append events as seq_nr `expected_seq_nr + 1 ..` in one transaction.
+
+        Raises `ConcurrencyError` (and writes nothing) unless `expected_seq_nr`
+        is exactly the id's current highest seq_nr. With `conn`, the events are
+        written inside that connection's transaction (in a savepoint) and
+        become visible only when the caller commits.
+        """
+        batch = prepare_append(
+            self.serializers, persistence_id, events, expected_seq_nr, tags, metadata
+        )
+        return self._writer.append(batch, conn)
+
+    def highest_seq_nr(self, persistence_id: str) -> int:
+        """The highest seq_nr of the id (0 if it has none); deleted events still count."""
+        return self._writer.highest_seq_nr(validate_persistence_id(persistence_id))
+
+    def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Delete events up to and including `to_seq_nr`; the sequence is never reused."""
+        pid = validate_persistence_id(persistence_id)
+        if isinstance(to_seq_nr, bool) or not isinstance(to_seq_nr, int) or to_seq_nr < 0:
+            raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
+        return self._writer.delete_events_to(pid, to_seq_nr)
+
+    def save_snapshot(
+        self,
+        persistence_id: str,
+        seq_nr: int,
+        state: Any,
+        *,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+        conn: Connection[Any] | None = None,
+    ) -> None:
+        """Store the id's state as of `seq_nr` (one row per id; older never overwrites newer)."""
+        self._snapshots.save(
+            persistence_id, seq_nr, state, tags=tuple(tags), metadata=metadata, conn=conn
+        )
+
+    def load_snapshot(self, persistence_id: str) -> Snapshot | None:
+        """The id's latest snapshot, or None."""
+        return self._snapshots.load(persistence_id)
+
+    def delete_snapshot(self, persistence_id: str) -> None:
+        """Remove the id's snapshot."""
+        self._snapshots.delete(persistence_id)
+
+    # -- queries by persistence id ----------------------------------------
+
+    def current_events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> Generator[EventEnvelope, None, None]:
+        """The id's stored events in seq_nr order (deleted ones skipped), then the end."""
+        pid = validate_persistence_id(persistence_id)
+        lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
+        return self._by_pid.current(pid, lo, hi)
+
+    def events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> Generator[EventEnvelope, None, None]:
+        """Like `current_events_by_persistence_id`, then waits for new events (live)."""
+        pid = validate_persistence_id(persistence_id)
+        lo, hi = check_seq_range(from_seq_nr, to_seq_nr)
+        return self._by_pid.live(pid, lo, hi)
+
+    def current_persistence_ids(self, entity_type: str | None = None) -> Generator[str, None, None]:
+        """Every persistence id in the journal (optionally of one entity type), sorted."""
+        return self._by_pid.persistence_ids(entity_type)
+
+    # -- queries by slice ---------------------------------------------------
+
+    def events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+    ) -> Generator[EventEnvelope, None, None]:
+        """Live stream of the entity type's events in a slice range, never ending on its own.
+
+        Ordered by (db_timestamp, seq_nr), except that backtracking envelopes
+        (`source == "backtracking"`, payload not loaded) re-deliver recent
+        events that may have committed late; dedupe by (pid, seq_nr). Resuming
+        from an envelope's `offset` continues right after it. With
+        `heartbeats=True`, idle periods yield heartbeat envelopes whose offset
+        advances with the database clock.
+        """
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            live=True,
+            heartbeats=heartbeats,
+            settings=settings,
+        )
+
+    def current_events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        settings: QuerySettings | None = None,
+    ) -> Generator[EventEnvelope, None, None]:
+        """The range's events up to the database time at the start, then the end."""
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type, min_slice, max_slice, offset, live=False, settings=settings
+        )
+
+    def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
+        """One event with its payload (e.g. for a backtracking envelope), or None."""
+        pid = validate_persistence_id(persistence_id)
+        check_seq_range(seq_nr, None)
+        with self.read_pool.connection() as conn:
+            cur = conn.execute(q.one_event(self.tables), (pid, seq_nr))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        return row_to_envelope(row, self.serializers, source="load")
+
+    def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of a stored (not deleted) event, or None."""
+        pid = validate_persistence_id(persistence_id)
+        check_seq_range(seq_nr, None)
+        with self.read_pool.connection() as conn:
+            cur = conn.execute(q.timestamp_of(self.tables), (pid, seq_nr))
+            row = cur.fetchone()
+        return None if row is None else row[0]
+
+    def database_time(self) -> datetime:
+        """The database's current transaction time."""
+        return self._slices.database_time()

@@ -1,0 +1,101 @@
+# Generated from journal/aio/pool.py by tools/async_to_sync.py: do not edit.
+# Change journal/aio/pool.py and run `./dev generate` (`./dev lint` fails when this is stale).
+"""Connections, pools and schema checks of the async driver, with typed errors.
+
+Every connection the journal opens comes from `connect` or a `SyncJournalPool`, so
+an unreachable server, a bad password or a malformed DSN surfaces as a
+one-line `ConnectionFailed` / `InvalidArgument` (journal/connection.py builds
+them), and a missing journal table as `SchemaNotInitialized`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from journal.connection import (
+    TABLE_EXISTS,
+    connect_errors,
+    parse_dsn,
+    pool_kwargs,
+    pool_timed_out,
+    schema_errors,
+    schema_missing,
+    where_of,
+)
+from journal.schema import schema_script
+from journal.settings import JournalSettings
+from journal.tables import Tables
+
+
+def connect(dsn: str, *, connect_timeout: int, autocommit: bool = True) -> Connection[Any]:
+    """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    with connect_errors(dsn):
+        return Connection.connect(dsn, autocommit=autocommit, connect_timeout=connect_timeout)
+
+
+def open_connection(dsn: str, settings: JournalSettings) -> Connection[Any]:
+    """One autocommit connection within the settings' `connect_timeout` (close it with
+    `with`): for code without a pool, such as Spark executors."""
+    return connect(dsn, connect_timeout=settings.connect_timeout_seconds)
+
+
+def ensure_schema(conn: Connection[Any], tables: Tables) -> None:
+    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
+    cur = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
+    row = cur.fetchone()
+    if not (row and row[0]):
+        raise schema_missing(conn, tables)
+
+
+def apply_schema(conn: Connection[Any], settings: JournalSettings) -> None:
+    """Create schema, tables and indexes if missing; running it again changes nothing."""
+    with conn.transaction():
+        for statement, params in schema_script(settings):
+            conn.execute(statement, params)
+
+
+class SyncJournalPool(ConnectionPool[Connection[Any]]):
+    """A connection pool whose connections time out on connect and whose errors are typed."""
+
+    def __init__(
+        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
+    ) -> None:
+        """`application_name` names the server sessions (the read pools' mark them as readers)."""
+        super().__init__(dsn, **pool_kwargs(settings, name, application_name))
+        self._dsn = dsn
+        self._tables = Tables(settings)
+        self._where = where_of(parse_dsn(dsn))
+        self._open_timeout = settings.connect_timeout_seconds
+
+    def open_checked(self) -> None:
+        """Open and wait for `min_size` connections, within the connect timeout."""
+        try:
+            self.open(wait=True, timeout=self._open_timeout)
+        except PoolTimeout as e:
+            raise pool_timed_out(
+                self._dsn, self.name, self.min_size, self._open_timeout, e
+            ) from None
+
+    @contextlib.contextmanager
+    def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109  # the base class's signature
+    ) -> Iterator[Connection[Any]]:
+        """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
+
+        `getconn`/`putconn` rather than the base class's `connection()`: one
+        context manager instead of three nested ones on every append and query.
+        Our connections autocommit, and `putconn` rolls back whatever a failed
+        block left open, which is all the base class's wrapper adds for them.
+        """
+        conn = self.getconn(timeout)
+        try:
+            with schema_errors(self._tables, self._where):
+                yield conn
+        finally:
+            self.putconn(conn)

@@ -1,0 +1,124 @@
+# Generated from journal/aio/writer.py by tools/async_to_sync.py: do not edit.
+# Change journal/aio/writer.py and run `./dev generate` (`./dev lint` fails when this is stale).
+"""The async driver of the write path: appends and deletes on a pool or a caller's connection.
+
+What is stored and how (the statement, its parameters, the envelopes it
+returns) is decided in `journal/writer.py`; this module only executes it, and
+records the change for the post-commit notification.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from journal.errors import ConcurrencyError
+from journal.model import EventEnvelope
+from journal.notifications import bucket_bit
+from journal.serialization import SerializerRegistry
+from journal.sync.notifications import Notifier, send_notification
+from journal.tables import Tables
+from journal.writer import (
+    PreparedAppend,
+    WriterSql,
+    appended_envelopes,
+    opens_caller_transaction,
+    stored_timestamp,
+)
+
+
+class EventWriter:
+    """Executes appends and deletes against one journal table."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        tables: Tables,
+        registry: SerializerRegistry,
+        writer_id: str,
+        notifier: Notifier | None,
+    ) -> None:
+        self._pool = pool
+        self._tables = tables
+        self._registry = registry
+        self._writer_id = writer_id
+        self._notifier = notifier
+        self._sql = WriterSql.of(tables)
+
+    def append(
+        self, batch: PreparedAppend, conn: Connection[Any] | None = None
+    ) -> list[EventEnvelope]:
+        """Store a prepared batch; in `conn`'s transaction if given, else on its own."""
+        statement = self._sql.append_statement(batch, self._writer_id)
+        if conn is not None:
+            if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
+                conn.execute("SELECT 1")
+            # The caller owns the transaction: run inside a savepoint so a
+            # conflict does not poison the caller's other work, and notify
+            # inside it (delivered only if the caller commits).
+            with conn.transaction():
+                stored_at = self._insert(conn, statement)
+                if stored_at is None:
+                    raise psycopg.Rollback()  # back to the savepoint, then report below
+                if self._notifier is not None:
+                    send_notification(
+                        conn,
+                        self._tables.notify_channel,
+                        batch.entity_type,
+                        bucket_bit(batch.slice),
+                    )
+            if stored_at is None:
+                actual = self.highest_seq_nr(batch.persistence_id, conn)
+                raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+        else:
+            with self._pool.connection() as own:
+                stored_at = self._insert(own, statement)
+                if stored_at is None:
+                    # Ask on the connection already held: taking a second one from the
+                    # pool while holding this one can exhaust the pool under contention.
+                    actual = self.highest_seq_nr(batch.persistence_id, own)
+                    raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+            if self._notifier is not None:
+                self._notifier.changed(batch.entity_type, batch.slice)
+        return appended_envelopes(batch, stored_at, self._writer_id)
+
+    def _insert(self, conn: Connection[Any], statement: tuple[str, Any]) -> datetime | None:
+        """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute(*statement)
+                row = cur.fetchone()
+        except psycopg.errors.UniqueViolation:
+            return None
+        return stored_timestamp(row)
+
+    def highest_seq_nr(self, persistence_id: str, conn: Connection[Any] | None = None) -> int:
+        """The highest seq_nr stored for the id (deleted marker rows included), 0 if none."""
+        if conn is not None:
+            cur = conn.execute(self._sql.highest, (persistence_id,))
+            row = cur.fetchone()
+        else:
+            with self._pool.connection() as own:
+                cur = own.execute(self._sql.highest, (persistence_id,))
+                row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Delete events up to `to_seq_nr` (clipped to the highest), keeping a marker row.
+
+        The row at the clipped seq_nr stays as a `deleted = true` marker without
+        payload, so the highest seq_nr never goes backwards and is never reused.
+        Returns the seq_nr of that marker (0 when there was nothing to delete).
+        """
+        with self._pool.connection() as conn, conn.transaction():
+            highest = self.highest_seq_nr(persistence_id, conn)
+            target = min(to_seq_nr, highest)
+            if target < 1:
+                return 0
+            conn.execute(self._sql.delete_before, (persistence_id, target))
+            conn.execute(self._sql.mark_deleted, (persistence_id, target))
+            return target

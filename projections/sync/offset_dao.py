@@ -1,0 +1,95 @@
+# Generated from projections/aio/offset_dao.py by tools/async_to_sync.py: do not edit.
+# Change projections/aio/offset_dao.py and run `./dev generate` (`./dev lint` fails when this is stale).
+"""The offset store's async executor: runs `OffsetSql` statements on a connection.
+
+Saving happens on the caller's connection so exactly-once handlers commit
+their writes and the offsets in one transaction. The sync twin is generated
+from this module; both run exactly the statements `projections.offset_sql`
+builds. The runner's two management statements (the
+pause check, dead letters) are executed here too, so the runner never imports
+the operators' module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import Connection, RawCursor
+
+from journal.model import EventEnvelope
+from journal.slices import SliceRange
+from journal.tables import Tables
+from projections.fencing import Fence
+from projections.management_sql import ManagementSql, pauses
+from projections.offset_sql import OffsetSql, Statement, records_of
+from projections.offset_store import Record
+
+
+class OffsetDao:
+    """Executes offset store statements for one projection name (async driver)."""
+
+    def __init__(self, tables: Tables, projection_name: str) -> None:
+        self.name = projection_name
+        self.sql = OffsetSql(tables, projection_name)
+
+    def _run(self, conn: Connection[Any], statement: Statement) -> int:
+        if statement.raw:
+            cur: Any = RawCursor(conn)
+            cur.execute(statement.query, statement.params)
+        else:
+            cur = conn.execute(statement.query, statement.params)
+        return int(cur.rowcount)
+
+    def load(self, conn: Connection[Any], slices: SliceRange) -> list[Record]:
+        statement = self.sql.load(slices)
+        cur = conn.execute(statement.query, statement.params)
+        return records_of(cur.fetchall())
+
+    def save(
+        self,
+        conn: Connection[Any],
+        key: str,
+        records: Sequence[Record],
+        fence: Fence | None = None,
+    ) -> None:
+        """Insert event records and progress markers (replacing older markers of those slices)."""
+        for statement in self.sql.save(key, records, fence):
+            self._run(conn, statement)
+
+    def cleanup(self, conn: Connection[Any], slices: SliceRange, window: timedelta) -> int:
+        """Delete rows older than each slice's latest minus the window; returns the count."""
+        return self._run(conn, self.sql.cleanup(slices, window))
+
+    def clear(self, conn: Connection[Any], slices: SliceRange) -> None:
+        self._run(conn, self.sql.clear(slices))
+
+    def set_start(
+        self, conn: Connection[Any], key: str, slices: SliceRange, timestamp: datetime
+    ) -> None:
+        """Replace the range's offsets by start markers: resume at `timestamp`, skip older."""
+        for statement in self.sql.set_start(key, slices, timestamp):
+            self._run(conn, statement)
+
+
+def is_paused(
+    conn: Connection[Any], statements: ManagementSql, name: str, slices: SliceRange
+) -> bool:
+    """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""
+    statement = statements.paused_keys_of(name)
+    cur = conn.execute(statement.query, statement.params)
+    return pauses(slices, [key for (key,) in cur.fetchall()])
+
+
+def insert_dead_letters(
+    conn: Connection[Any],
+    statements: ManagementSql,
+    name: str,
+    key: str,
+    envelopes: Sequence[EventEnvelope],
+    error: str,
+) -> None:
+    """One dead-letter row per envelope, on the caller's transaction."""
+    for statement in statements.dead_letters_of(name, key, envelopes, error):
+        conn.execute(statement.query, statement.params)
