@@ -10,8 +10,9 @@ The public API; everything not re-exported here is private.
 Every error it raises is a `JournalError`: `ConnectionFailed` (server unreachable or
 refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
 `slicejournal init`), `InvalidArgument` / `InvalidSettings` / `InvalidPersistenceId`
-(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, and the
-(de)serialization and embedded-server errors.
+(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, the
+(de)serialization and embedded-server errors, and `ProtocolError` (a driver bug: a
+state machine driven out of order). The projections' errors derive from it too.
 """
 
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ from journal.errors import (
     InvalidPersistenceId,
     InvalidSettings,
     JournalError,
+    ProtocolError,
     SchemaNotInitialized,
     SerializationError,
     UnknownProjection,
@@ -101,6 +103,7 @@ __all__ = [
     "JsonSerializer",
     "Loaded",
     "PersistenceId",
+    "ProtocolError",
     "QuerySettings",
     "SchemaNotInitialized",
     "SerializationError",

@@ -60,8 +60,10 @@ class UnknownProjection(JournalError):
         )
 
 
-class ProtocolError(JournalError):
-    """A sans-I/O state machine was driven out of order (a driver bug, not bad data)."""
+class ProtocolError(JournalError, RuntimeError):
+    """A sans-I/O state machine (the slice query's, a projection's `ProjectionCore`) was
+    driven out of order, or the database answered what no statement can: a driver bug,
+    never bad data. Also a `RuntimeError`."""
 
 
 class ConcurrencyError(JournalError):

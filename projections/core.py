@@ -44,6 +44,7 @@ from typing import Any
 
 import attrs
 
+from journal.errors import ProtocolError
 from journal.model import EventEnvelope, TimestampOffset
 from projections.offset_store import (
     PROGRESS_PID,
@@ -281,10 +282,6 @@ class SaveOffsets:
 
 
 Action = PreviousTimestamp | MissingEvents | LoadPayload | Handle | Commit | SaveOffsets
-
-
-class ProtocolError(RuntimeError):
-    """The driver called the core out of turn (a bug in the driver)."""
 
 
 class ProjectionCore:

@@ -7,6 +7,7 @@ closed port on 127.0.0.1 or a local socket that never answers.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import subprocess
@@ -57,6 +58,40 @@ def assert_one_line_without_password(error: BaseException) -> str:
 
 async def handler(conn: Any, env: Any) -> None:
     pass
+
+
+# -- the hierarchy -----------------------------------------------------------------------------
+
+LIBRARY_PACKAGES = ("journal", "projections", "slicejournal")
+
+
+def test_every_exception_the_library_defines_is_a_journal_error() -> None:
+    # In a fresh interpreter: every module of the library imported (Spark's too), then
+    # every public `Exception` class defined in one of them (a `BaseException` such as the
+    # sync flavour's `CancelledError` is a control-flow signal, as asyncio's, not an error).
+    code = (
+        "import importlib, inspect, json, pkgutil\n"
+        "from journal.errors import JournalError\n"
+        "stray = []\n"
+        f"for name in {LIBRARY_PACKAGES!r}:\n"
+        "    package = importlib.import_module(name)\n"
+        "    prefix = name + '.'\n"
+        "    for info in pkgutil.walk_packages(package.__path__, prefix):\n"
+        "        if info.name.endswith('__main__'):\n"
+        "            continue\n"
+        "        module = importlib.import_module(info.name)\n"
+        "        for attr, value in vars(module).items():\n"
+        "            if (not attr.startswith('_') and inspect.isclass(value)\n"
+        "                    and issubclass(value, Exception)\n"
+        "                    and value.__module__ == info.name\n"
+        "                    and not issubclass(value, JournalError)):\n"
+        "                stray.append(f'{info.name}.{attr}')\n"
+        "print(json.dumps(sorted(stray)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(result.stdout) == []
 
 
 # -- connection failures ---------------------------------------------------------------------

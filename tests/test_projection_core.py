@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from journal.errors import JournalError, ProtocolError
 from journal.model import NOT_LOADED, EventEnvelope, TimestampOffset
 from projections.core import (
     Batcher,
@@ -22,7 +23,6 @@ from projections.core import (
     PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
-    ProtocolError,
     Request,
     SaveOffsets,
     admit,
@@ -325,8 +325,10 @@ def test_core_out_of_turn_calls_are_protocol_errors() -> None:
     assert isinstance(core.offer(env("a", 1, 1), 0.0), Commit)
     with pytest.raises(ProtocolError):
         core.offer(env("a", 2, 2), 0.0)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError) as info:
         core.answer(None, 0.0)
+    # One error type for every out-of-turn driver, a JournalError like every library error.
+    assert isinstance(info.value, JournalError) and isinstance(info.value, RuntimeError)
     assert core.committed(0.0) is None
 
 
