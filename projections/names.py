@@ -24,8 +24,9 @@ def validate_name(name: object) -> str:
 
 
 @attrs.frozen
-class Instance:
-    """A validated projection instance: name, entity type, slice range and its key."""
+class InstanceSpec:
+    """What a projection instance is built from, validated by `check_instance`: name,
+    entity type, slice range and the range's key."""
 
     name: str
     entity_type: str
@@ -35,11 +36,11 @@ class Instance:
 
 def check_instance(
     name: object, entity_type: object, slice_range: object, handler: object
-) -> Instance:
+) -> InstanceSpec:
     """Validate what every runner is built from, before anything runs."""
     slice_range = SliceRange.check(slice_range)
     if not callable(handler):
         raise InvalidArgument("handler must be a callable")
-    return Instance(
+    return InstanceSpec(
         validate_name(name), validate_entity_type(entity_type), slice_range, slice_range.key
     )

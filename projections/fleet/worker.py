@@ -41,12 +41,12 @@ from journal import Journal, SliceRange, slice_ranges
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
+from projections.aio.runner import Projection
 from projections.errors import LeaseLost
 from projections.fencing import Fence
 from projections.fleet.assignment import LeaseRow, claim_check, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
 from projections.names import validate_name
-from projections.aio.runner import Projection
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
@@ -101,8 +101,9 @@ class WorkerSettings:
 
 
 @attrs.define
-class Instance:
-    """What the worker knows of one range it holds (read by metrics and status)."""
+class HeldRange:
+    """A range whose lease this worker holds, and the projection instance running it
+    (read by metrics and status)."""
 
     slice_range: SliceRange
     fence: Fence
@@ -131,7 +132,7 @@ class FleetWorker:
         self.name = validate_name(probe.name)
         self.entity_type = probe.entity_type
         self.me = self.settings.worker_id
-        self.instances: dict[SliceRange, Instance] = {}
+        self.instances: dict[SliceRange, HeldRange] = {}
         # Ranges whose instance stopped but whose lease this worker still holds.
         self._parked: dict[SliceRange, int] = {}
         self._sql = FleetSql(journal.tables)
@@ -217,7 +218,7 @@ class FleetWorker:
             if epoch not in renewed:
                 self._lost(instance, "its lease was not renewed (taken over or expired)")
 
-    def _lost(self, instance: Instance, why: str) -> None:
+    def _lost(self, instance: HeldRange, why: str) -> None:
         """The instance's lease is gone: stop it (it could not commit anyway). Only this
         instance: the range may already run again under a newer claim."""
         r = instance.slice_range
@@ -341,12 +342,12 @@ class FleetWorker:
 
     def _start(self, r: SliceRange, epoch: int) -> None:
         fence = Fence(self.name, r, self.me, epoch, self.settings.ttl_ms)
-        instance = Instance(r, fence)
+        instance = HeldRange(r, fence)
         self.instances[r] = instance
         instance.task = asyncio.create_task(self._supervise(instance), name=f"fleet {r}")
         _log.info("worker %s claimed range %s of %s (epoch %d)", self.me, r, self.name, epoch)
 
-    async def _supervise(self, instance: Instance) -> None:
+    async def _supervise(self, instance: HeldRange) -> None:
         r = instance.slice_range
         backoff = self.settings.restart_backoff_min.total_seconds()
         while not (instance.stopping.is_set() or instance.lost):
@@ -388,7 +389,7 @@ class FleetWorker:
             with contextlib.suppress(Exception):
                 await pool.check()
 
-    async def _report(self, instance: Instance, *, running: bool) -> None:
+    async def _report(self, instance: HeldRange, *, running: bool) -> None:
         async with self.journal.pool.connection() as conn:
             await conn.execute(
                 self._sql.report,
@@ -396,7 +397,7 @@ class FleetWorker:
                  instance.fence.epoch),
             )  # fmt: skip
 
-    async def _stop_instance(self, r: SliceRange) -> Instance | None:
+    async def _stop_instance(self, r: SliceRange) -> HeldRange | None:
         """Stop the range's instance: its batch finished, its offsets saved."""
         instance = self.instances.get(r)
         if instance is None:
@@ -427,11 +428,11 @@ class FleetWorker:
             return
         _log.info("worker %s released range %s of %s", self.me, r, self.name)
 
-    def held(self) -> Iterable[Instance]:
+    def held(self) -> Iterable[HeldRange]:
         return list(self.instances.values())
 
 
-def lag_seconds(instance: Instance) -> float | None:
+def lag_seconds(instance: HeldRange) -> float | None:
     """Seconds between now and the newest event the instance handled (None: none yet)."""
     p = instance.projection
     latest = None if p is None else p.stats.latest_timestamp
