@@ -43,9 +43,9 @@ import psycopg
 from psycopg import sql
 
 from journal import Journal, JournalSettings, TimestampOffset
+from journal.aio.pool import apply_schema
 from journal.dsn import DSN_ENV
 from journal.query.sql import envelope_columns
-from journal.aio.pool import apply_schema
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import slice_for
 from journal.tables import Tables

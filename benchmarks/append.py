@@ -59,8 +59,8 @@ from _common import (
 from psycopg import sql
 
 from journal import Journal, JournalSettings, slice_for
-from journal.model import SerializedPayload
 from journal.aio.pool import apply_schema
+from journal.model import SerializedPayload
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.tables import Tables
 from journal.writer import PreparedAppend, WriterSql

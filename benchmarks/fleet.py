@@ -104,8 +104,9 @@ from psycopg import AsyncConnection, sql
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange, UnknownProjection
 from journal.tables import Tables
 from projections import Projection, ProjectionGroup, ProjectionSettings
-from projections.fleet.control import FleetControl, FleetStatus
-from projections.management import ProjectionManagement
+from projections.aio.fleet_control import FleetControl
+from projections.aio.management import ProjectionManagement
+from projections.fleet.status import FleetStatus
 from slicejournal.fleet_cli import worker_argv
 
 BENCH_DIR = Path(__file__).resolve().parent

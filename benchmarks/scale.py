@@ -122,10 +122,10 @@ from journal import (
     slice_for,
     slice_ranges,
 )
+from journal.aio.pool import apply_schema
 from journal.query import sql as q
 from journal.query.by_slice import BucketsQuery, BySliceQuery, HorizonQuery, RowsQuery
 from journal.query.horizon import READER_APPLICATION, horizon_from_row
-from journal.aio.pool import apply_schema
 from journal.tables import Tables
 from journal.writer import WriterSql, prepare_append
 from projections import Projection, ProjectionManagement, ProjectionSettings

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 
-from journal.errors import ConcurrencyError, InvalidArgument
+from journal.errors import InvalidArgument
 
 S = TypeVar("S")
 E = TypeVar("E")

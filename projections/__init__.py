@@ -20,17 +20,21 @@ from projections.settings import ProjectionSettings
 
 # The runners and management load psycopg and asyncio: imported on first use.
 if TYPE_CHECKING:
-    from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus
-    from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
-    from projections.management import DeadLetter, ProjectionManagement, RangeStatus
+    from projections.aio.fleet_control import FleetControl
     from projections.aio.group import ProjectionGroup
+    from projections.aio.management import ProjectionManagement
     from projections.aio.runner import (
         AtLeastOnceHandler,
         GroupedHandler,
         Handler,
         Projection,
     )
+    from projections.fleet.status import FleetStatus, LeaseStatus
+    from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
+    from projections.management import DeadLetter, RangeStatus
+    from projections.sync.fleet_control import SyncFleetControl
     from projections.sync.group import SyncProjectionGroup
+    from projections.sync.management import SyncProjectionManagement
     from projections.sync.runner import (
         SyncAtLeastOnceHandler,
         SyncGroupedHandler,
@@ -41,22 +45,22 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
-        **dict.fromkeys(
-            ("DeadLetter", "ProjectionManagement", "RangeStatus"),
-            "projections.management",
-        ),
+        **dict.fromkeys(("DeadLetter", "RangeStatus"), "projections.management"),
+        "ProjectionManagement": "projections.aio.management",
         **dict.fromkeys(
             ("AtLeastOnceHandler", "GroupedHandler", "Handler", "Projection"),
             "projections.aio.runner",
         ),
         "ProjectionGroup": "projections.aio.group",
-        **dict.fromkeys(
-            ("FleetControl", "FleetStatus", "LeaseStatus"), "projections.fleet.control"
-        ),
+        **dict.fromkeys(("FleetStatus", "LeaseStatus"), "projections.fleet.status"),
+        "FleetControl": "projections.aio.fleet_control",
+        "SyncFleetControl": "projections.sync.fleet_control",
+        "SyncProjectionManagement": "projections.sync.management",
         **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
         **dict.fromkeys(
             (
                 "SyncAtLeastOnceHandler",
+                "SyncFleetControl",
                 "SyncGroupedHandler",
                 "SyncHandler",
                 "SyncProjection",
@@ -92,10 +96,12 @@ __all__ = [
     "Record",
     "RecoveryStrategy",
     "SyncAtLeastOnceHandler",
+    "SyncFleetControl",
     "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",
     "SyncProjectionGroup",
+    "SyncProjectionManagement",
     "UnknownProjection",
     "Validation",
     "Verdict",

@@ -1,4 +1,7 @@
-"""Operating a projection from outside: pause/resume, set/clear offsets, status.
+"""Operating a projection from outside: the values and checks of management.
+
+The commands themselves (`ProjectionManagement`) are drivers:
+`projections/aio/management.py` and its generated sync twin.
 
 State lives in PostgreSQL (`projection_management`, the offset store), so an
 operator's command reaches every running instance, in any process, within
@@ -10,19 +13,13 @@ split into ranges is.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
 
 import attrs
-from psycopg import AsyncConnection
 
-from journal import InvalidArgument, Journal, SliceRange, UnknownProjection, slice_ranges
-from journal.slices import validate_entity_type
-from projections.management_sql import ManagementSql
-from projections.names import ALL_RANGES, validate_name
-from projections.aio.offset_dao import OffsetDao, is_paused
+from journal.errors import InvalidArgument
+from journal.slices import SliceRange
 
 
 @attrs.frozen
@@ -59,104 +56,8 @@ class DeadLetter:
     failed_at: datetime
 
 
-class ProjectionManagement:
-    """Pause, resume, set or clear offsets, read status — by projection name."""
-
-    def __init__(self, journal: Journal) -> None:
-        self._journal = journal
-        self._sql = ManagementSql(journal.tables)
-
-    async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
-        key = ALL_RANGES if slices is None else SliceRange.check(slices).key
-        async with self._journal.pool.connection() as conn:
-            await conn.execute(
-                self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
-            )
-
-    async def pause(self, name: str, slice_range: SliceRange | None = None) -> None:
-        """Pause every instance of the projection (or only the one for `slice_range`)."""
-        await self._set_paused(name, slice_range, True)
-
-    async def resume(self, name: str, slice_range: SliceRange | None = None) -> None:
-        """Undo `pause` (for the same scope)."""
-        await self._set_paused(name, slice_range, False)
-
-    async def is_paused(self, name: str, slice_range: SliceRange) -> bool:
-        """True if the projection as a whole, or a paused range overlapping this one, is."""
-        validate_name(name)
-        async with self._journal.pool.connection() as conn:
-            return await is_paused(conn, self._sql, name, SliceRange.check(slice_range))
-
-    async def set_offset(
-        self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
-    ) -> None:
-        """Make the projection resume at `timestamp` for these slices, skipping older events.
-
-        Takes effect when instances (re)start; pause or stop them first.
-        """
-        check_timestamp(timestamp)
-        SliceRange.check(slices, "slices")
-        async with self._journal.pool.connection() as conn, conn.transaction():
-            await OffsetDao(self._journal.tables, validate_name(name)).set_start(
-                conn, slices.key, slices, timestamp
-            )
-
-    async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
-        """Forget the projection's offsets: it restarts from the beginning of the journal.
-
-        Takes effect when instances (re)start; stop them first.
-        """
-        SliceRange.check(slices, "slices")
-        async with self._journal.pool.connection() as conn:
-            await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
-
-    async def status(
-        self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
-    ) -> list[RangeStatus]:
-        """Latest stored offset, journal head and paused state per slice range.
-
-        Raises `UnknownProjection` if no projection of that name has stored an
-        offset, been paused or resumed, or dead-lettered an envelope: a typo in
-        the name is reported, not shown as a projection that never ran.
-        """
-        validate_name(name)
-        validate_entity_type(entity_type)
-        rs = slice_ranges(ranges) if isinstance(ranges, int) else _check_ranges(ranges)
-        out = []
-        async with self._journal.pool.connection() as conn:
-            await self._require_known(conn, name)
-            for r in rs:
-                cur = await conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
-                latest, earliest, slices_with_rows = await cur.fetchone() or (None, None, 0)
-                resume_from = earliest if slices_with_rows == len(r) else None
-                cur = await conn.execute(
-                    self._sql.head, {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type}
-                )
-                head = (await cur.fetchone() or (None,))[0]
-                paused = await is_paused(conn, self._sql, name, r)
-                out.append(RangeStatus(r, latest, head, paused, resume_from))
-        return out
-
-    async def require_known(self, name: str) -> None:
-        """`UnknownProjection` unless the projection stored an offset, was paused or
-        resumed, dead-lettered an envelope or had a fleet worker."""
-        validate_name(name)
-        async with self._journal.pool.connection() as conn:
-            await self._require_known(conn, name)
-
-    async def _require_known(self, conn: AsyncConnection[Any], name: str) -> None:
-        cur = await conn.execute(self._sql.known, {"n": name})
-        if not (await cur.fetchone() or (False,))[0]:
-            raise UnknownProjection(name)
-
-    async def dead_letters(self, name: str) -> list[DeadLetter]:
-        """Envelopes the projection skipped, with their errors."""
-        async with self._journal.pool.connection() as conn:
-            cur = await conn.execute(self._sql.dead_letters, (validate_name(name),))
-            return [DeadLetter(*row) for row in await cur.fetchall()]
-
-
-def _check_ranges(ranges: object) -> list[SliceRange]:
+def check_ranges(ranges: object) -> list[SliceRange]:
+    """A sequence of `SliceRange`s, or `InvalidArgument` naming the bad one."""
     if isinstance(ranges, str | bytes | SliceRange) or not isinstance(ranges, Iterable):
         raise InvalidArgument(
             f"ranges must be a number of ranges or a sequence of SliceRange, got {ranges!r}"
@@ -165,6 +66,7 @@ def _check_ranges(ranges: object) -> list[SliceRange]:
 
 
 def check_timestamp(timestamp: object) -> datetime:
+    """A timezone-aware datetime, or `InvalidArgument`."""
     if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
         raise InvalidArgument(f"timestamp must be a timezone-aware datetime, got {timestamp!r}")
     return timestamp

@@ -32,16 +32,17 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from journal.aio.aggregate import AggregateRepository
+from journal.aio.journal import Journal
 from journal.dsn import display_dsn
 from journal.errors import JournalError, UnknownProjection
-from journal.aio.journal import Journal
 from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import PersistenceId, SliceRange, slice_ranges
-from projections.fleet.control import FleetControl, FleetStatus
-from projections.fleet.worker import WorkerApp
+from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import Projection
+from projections.fleet.status import FleetStatus
+from projections.fleet.worker import WorkerApp
 from projections.settings import ProjectionSettings
 from slicejournal.demo_schema import claim_demo_schema
 from slicejournal.fleet_cli import aligned, owner_cell, worker_argv

@@ -26,8 +26,9 @@ from psycopg.conninfo import make_conninfo
 from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistry, SliceRange
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
-from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus, orphan_message
-from projections.management import ProjectionManagement
+from projections.aio.fleet_control import FleetControl
+from projections.aio.management import ProjectionManagement
+from projections.fleet.status import FleetStatus, LeaseStatus, orphan_message
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from journal import Journal, JournalSettings
-from projections.fleet.control import FleetControl
+from projections.aio.fleet_control import FleetControl
 from slicejournal.embedded import EmbeddedPostgres
 from tests import bank, fleet_app
 from tests.conftest import fast_query_settings

@@ -15,9 +15,9 @@ import pytest
 from psycopg import sql
 
 from journal import InvalidSettings, Journal, JournalSettings, SliceRange, slice_for
+from projections.aio.offset_dao import OffsetDao
 from projections.fencing import FENCE_SQLSTATE, Fence
 from projections.fleet.lease_sql import FleetSql
-from projections.aio.offset_dao import OffsetDao
 from projections.offset_store import Record
 from tests.pg import fetch
 

@@ -1,5 +1,5 @@
 # Generated from journal/aio/__init__.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/__init__.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The journal's asyncio drivers: the one source of every I/O behaviour.
 
 `journal/sync/` is generated from these modules by `tools/async_to_sync.py`;

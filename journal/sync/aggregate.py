@@ -1,5 +1,5 @@
 # Generated from journal/aio/aggregate.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/aggregate.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The async aggregate repository: load, decide, persist, snapshot, retry.
 
 The rules (validation, folding, snapshot cadence, backoff) are

@@ -1,5 +1,5 @@
 # Generated from journal/aio/by_persistence_id.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/by_persistence_id.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The async driver of the reads by persistence id, and of the list of ids.
 
 These are simple keyset-paged reads; the live variant polls after it has

@@ -1,5 +1,5 @@
 # Generated from journal/aio/journal.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/journal.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """`SyncJournal`: the one object a service holds to write and read events.
 
 It owns the connection pools, the notification sender/listener and the

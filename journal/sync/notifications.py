@@ -1,5 +1,5 @@
 # Generated from journal/aio/notifications.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/notifications.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The NOTIFY sender and the LISTEN fan-out of one journal (see journal/notifications.py).
 
 The sender coalesces post-commit change hints in one background task (a

@@ -1,5 +1,5 @@
 # Generated from journal/aio/pool.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/pool.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """Connections, pools and schema checks of the async driver, with typed errors.
 
 Every connection the journal opens comes from `connect` or a `SyncJournalPool`, so
@@ -84,7 +84,7 @@ class SyncJournalPool(ConnectionPool[Connection[Any]]):
     @contextlib.contextmanager
     def connection(
         self,
-        timeout: float | None = None,  # noqa: ASYNC109  # the base class's signature
+        timeout: float | None = None,  # the base class's signature
     ) -> Iterator[Connection[Any]]:
         """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
 

@@ -1,5 +1,5 @@
 # Generated from journal/aio/slice_reader.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/slice_reader.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The async driver of the slice query: executes `BySliceQuery`'s requests.
 
 The one I/O seam of the slice query: its requests (horizon reading, bucket

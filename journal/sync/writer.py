@@ -1,5 +1,5 @@
 # Generated from journal/aio/writer.py by tools/async_to_sync.py: do not edit.
-# Change journal/aio/writer.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The async driver of the write path: appends and deletes on a pool or a caller's connection.
 
 What is stored and how (the statement, its parameters, the envelopes it

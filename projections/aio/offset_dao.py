@@ -73,7 +73,7 @@ class OffsetDao:
             await self._run(conn, statement)
 
 
-async def is_paused(
+async def range_is_paused(
     conn: AsyncConnection[Any], statements: ManagementSql, name: str, slices: SliceRange
 ) -> bool:
     """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""

@@ -49,7 +49,7 @@ from journal.aio.journal import Journal
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
-from projections.aio.offset_dao import OffsetDao, insert_dead_letters, is_paused
+from projections.aio.offset_dao import OffsetDao, insert_dead_letters, range_is_paused
 from projections.core import (
     Action,
     Commit,
@@ -480,7 +480,7 @@ class Projection:
 
     async def _paused(self) -> bool:
         async with self.journal.pool.connection() as conn:
-            paused = await is_paused(conn, self._management, self.name, self.slice_range)
+            paused = await range_is_paused(conn, self._management, self.name, self.slice_range)
         if paused != self._was_paused:
             self._was_paused = paused
             _log.info("projection %s %s %s", self.name, self.key, "paused" if paused else "resumed")

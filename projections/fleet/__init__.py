@@ -14,15 +14,15 @@ from journal._lazy import lazy_attributes
 from projections.fleet.assignment import LeaseRow, Plan, assign, plan
 
 if TYPE_CHECKING:
-    from projections.fleet.control import FleetControl, FleetStatus, LeaseStatus
+    from projections.aio.fleet_control import FleetControl
+    from projections.fleet.status import FleetStatus, LeaseStatus
     from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
-        **dict.fromkeys(
-            ("FleetControl", "FleetStatus", "LeaseStatus"), "projections.fleet.control"
-        ),
+        **dict.fromkeys(("FleetStatus", "LeaseStatus"), "projections.fleet.status"),
+        "FleetControl": "projections.aio.fleet_control",
         **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
     },
 )

@@ -1,5 +1,5 @@
 # Generated from projections/aio/__init__.py by tools/async_to_sync.py: do not edit.
-# Change projections/aio/__init__.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The projection runners' asyncio drivers: the one source of every I/O behaviour.
 
 `projections/sync/` is generated from these modules by

@@ -1,5 +1,5 @@
 # Generated from projections/aio/group.py by tools/async_to_sync.py: do not edit.
-# Change projections/aio/group.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """Several instances of one projection, one per slice range, that can be rescaled.
 
 Rescaling stops every instance (each finishes its in-flight batch and saves

@@ -1,5 +1,5 @@
 # Generated from projections/aio/offset_dao.py by tools/async_to_sync.py: do not edit.
-# Change projections/aio/offset_dao.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The offset store's async executor: runs `OffsetSql` statements on a connection.
 
 Saving happens on the caller's connection so exactly-once handlers commit
@@ -73,7 +73,7 @@ class OffsetDao:
             self._run(conn, statement)
 
 
-def is_paused(
+def range_is_paused(
     conn: Connection[Any], statements: ManagementSql, name: str, slices: SliceRange
 ) -> bool:
     """Paused as a whole ("*"), or a paused range shares a slice with `slices`."""

@@ -1,5 +1,5 @@
 # Generated from projections/aio/runner.py by tools/async_to_sync.py: do not edit.
-# Change projections/aio/runner.py and run `./dev generate` (`./dev lint` fails when this is stale).
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """SyncProjection runners: a slice range of the journal turned into a read model.
 
 One `SyncProjection` owns one slice range. It loads that range's offsets, resumes
@@ -69,7 +69,7 @@ from projections.management_sql import ManagementSql
 from projections.names import check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
-from projections.sync.offset_dao import OffsetDao, insert_dead_letters, is_paused
+from projections.sync.offset_dao import OffsetDao, insert_dead_letters, range_is_paused
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
@@ -83,11 +83,11 @@ SyncAtLeastOnceHandler = Callable[[EventEnvelope], None]
 
 
 __all__ = [
+    "ProjectionError",
     "SyncAtLeastOnceHandler",
     "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",
-    "ProjectionError",
 ]
 
 
@@ -476,7 +476,7 @@ class SyncProjection:
 
     def _paused(self) -> bool:
         with self.journal.pool.connection() as conn:
-            paused = is_paused(conn, self._management, self.name, self.slice_range)
+            paused = range_is_paused(conn, self._management, self.name, self.slice_range)
         if paused != self._was_paused:
             self._was_paused = paused
             _log.info("projection %s %s %s", self.name, self.key, "paused" if paused else "resumed")

@@ -1,0 +1,161 @@
+"""Operating a running fleet from any machine: scale, status, offsets.
+
+Everything here talks to PostgreSQL only; the workers notice within one
+poll interval. `scale` stores the desired count and can wait until every
+range of the new split is owned and running. `set_offset` and
+`clear_offset` revoke the leases of the ranges they touch in the same
+transaction that rewrites the offsets: the running instances can commit
+nothing more (their fence fails), and the instances that re-claim those
+ranges start from the new offsets. `SyncFleetControl` is generated from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from journal.aio.flavour import sleep
+from journal.aio.journal import Journal
+from journal.errors import JournalError, UnknownProjection
+from journal.slices import SliceRange, slice_ranges
+from projections.aio.management import ProjectionManagement
+from projections.aio.offset_dao import OffsetDao
+from projections.fleet.lease_sql import FleetSql
+from projections.fleet.status import FleetStatus, LeaseStatus
+from projections.management import check_timestamp
+from projections.names import validate_name
+
+
+class FleetControl:
+    """Scale a fleet, read its status, move its offsets — by projection name."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._sql = FleetSql(journal.tables)
+        self._management = ProjectionManagement(journal)
+
+    async def scale(self, name: str, instances: int) -> bool:
+        """Store the desired instance count (a divisor of 1024); True if it changed.
+
+        Raises `InvalidArgument` for a bad count and `UnknownProjection` if no
+        worker ever ran the projection; nothing changes then.
+        """
+        slice_ranges(instances)  # validates before anything is written
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.scale, (instances, name, instances))
+            if cur.rowcount:
+                return True
+            cur = await conn.execute(self._sql.fleet, (name,))
+            if await cur.fetchone() is None:
+                raise UnknownProjection(name)
+        return False
+
+    async def status(self, name: str) -> FleetStatus:
+        """The desired split, the live workers and every range's lease and progress.
+
+        Raises `UnknownProjection` if no worker ever registered the projection.
+        """
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            cur = await conn.execute(self._sql.fleet, (name,))
+            row = await cur.fetchone()
+            if row is None:
+                raise UnknownProjection(name)
+            instances, entity_type, ttl_ms, now, updated_at = row
+            cur = await conn.execute(self._sql.live_workers, (name,))
+            workers = tuple(w for (w,) in await cur.fetchall())
+            cur = await conn.execute(self._sql.lease_details, (name,))
+            rows = await cur.fetchall()
+        ranges = slice_ranges(instances)
+        try:
+            progress = await self._management.status(name, entity_type, ranges)
+        except UnknownProjection:  # registered, nothing stored yet
+            progress = [None] * len(ranges)  # type: ignore[list-item]
+        by_range = {SliceRange(r[0], r[1]): r for r in rows}
+        out = []
+        for r, p in zip(ranges, progress, strict=True):
+            lease = by_range.get(r)
+            if lease is None:
+                out.append(LeaseStatus(r, None, None, False, 0, None, now - updated_at, p))
+                continue
+            _, _, owner, epoch, expires, running, restarts, error = lease
+            live = owner is not None and expires > now
+            unowned = 0.0 if live else now - max(expires, updated_at)
+            out.append(
+                LeaseStatus(
+                    r, owner if live else None, epoch, running and live, restarts, error, unowned, p
+                )
+            )
+        split = set(ranges)
+        leftovers = tuple(
+            SliceRange(lo, hi)
+            for lo, hi, owner, _, expires, *_ in rows
+            if owner is not None and expires > now and SliceRange(lo, hi) not in split
+        )
+        return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
+                           leftovers)  # fmt: skip
+
+    async def wait_converged(
+        self,
+        name: str,
+        *,
+        timeout: float,  # noqa: ASYNC109  # a deadline for the whole wait, reported in the error
+        interval: float = 0.5,
+        progress: Callable[[FleetStatus], None] | None = None,
+    ) -> FleetStatus:
+        """Poll `status` until the fleet has converged; `JournalError` after `timeout` s.
+
+        A projection no worker has registered yet is waited for too (workers
+        just started); it is `UnknownProjection` if none registers in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = await self.status(name)
+            except UnknownProjection:
+                if time.monotonic() >= deadline:
+                    raise
+                await sleep(interval)
+                continue
+            if progress is not None:
+                progress(status)
+            if status.converged:
+                return status
+            if time.monotonic() >= deadline:
+                missing = [str(r.slice_range) for r in status.ranges if not r.running]
+                raise JournalError(
+                    f"projection {name} did not converge within {timeout:.0f} s: "
+                    f"not running: {', '.join(missing) or '-'}; "
+                    f"old ranges still held: {', '.join(map(str, status.leftovers)) or '-'}; "
+                    f"live workers: {len(status.workers)}"
+                )
+            await sleep(interval)
+
+    async def set_offset(
+        self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
+    ) -> None:
+        """Resume the projection at `timestamp` for these slices, on a live fleet too."""
+        await self._rewrite(name, slices, check_timestamp(timestamp))
+
+    async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
+        """Forget the offsets of these slices (they restart from the beginning), live too."""
+        await self._rewrite(name, slices, None)
+
+    async def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
+        validate_name(name)
+        SliceRange.check(slices, "slices")
+        dao = OffsetDao(self._journal.tables, name)
+        async with self._journal.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql.lock_fleet, (name,))
+            # Revoke every lease sharing a slice: waits for their fenced transactions in
+            # flight, then nothing more of theirs can commit.
+            await conn.execute(
+                self._sql.lock_overlapping, (name, slices.max_slice, slices.min_slice)
+            )
+            await conn.execute(self._sql.revoke, (name, slices.max_slice, slices.min_slice))
+            if timestamp is None:
+                await dao.clear(conn, slices)
+            else:
+                await dao.set_start(conn, slices.key, slices, timestamp)
