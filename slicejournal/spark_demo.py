@@ -85,7 +85,7 @@ async def run_spark_demo(
         finally:
             await asyncio.to_thread(spark.stop)
 
-        live = balances_projection(journal, SliceRange(0, 1023))
+        live = balances_projection(journal, SliceRange.FULL)
         task = asyncio.create_task(live.run())
         more = args.events - backfill
         await bank.write(more, args.writers, seed=1000)

@@ -31,7 +31,6 @@ from journal.slices import SliceRange
 from journal.tables import Tables
 from projections.management import check_timestamp
 from projections.names import check_instance, validate_name
-from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings
 from projections.spark.leases import (
@@ -42,8 +41,9 @@ from projections.spark.leases import (
 )
 from projections.spark.options import DEFAULT_PARTITIONS, parse_options
 from projections.spark.session import register
-from projections.spark.sink import PartitionSink, SparkHandler
-from projections.spark.writer import sink_source
+from projections.spark.sink import PartitionApplier, SparkHandler
+from projections.spark.writer import writer_source_for
+from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -93,7 +93,7 @@ def _source_options(
     return options
 
 
-def _sink(
+def _applier(
     dsn: str,
     settings: JournalSettings,
     offset_name: str,
@@ -103,8 +103,8 @@ def _sink(
     projection_settings: ProjectionSettings | None,
     serializers: Callable[[], SerializerRegistry] | None,
     **extra: Any,
-) -> PartitionSink:
-    return PartitionSink(
+) -> PartitionApplier:
+    return PartitionApplier(
         dsn=dsn,
         settings=settings,
         offset_name=offset_name,
@@ -118,13 +118,13 @@ def _sink(
     )
 
 
-def _writer_format(spark: SparkSession, sink: PartitionSink) -> str:
-    """Register the sink's writer source with the session; its format name."""
+def _writer_format(spark: SparkSession, applier: PartitionApplier) -> str:
+    """Register the writer source of `applier` with the session; its format name."""
     # Spark resolves Python data sources through the JVM thread's active session,
     # which a thread other than the one that built the session does not have.
     jvm: Any = spark._jvm
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-    source = sink_source(sink)
+    source = writer_source_for(applier)
     spark.dataSource.register(source)
     return source.short_name
 
@@ -186,17 +186,17 @@ def project(
         maxEventsPerTrigger=max_events_per_trigger,
         startingTimestamp=None if start is None else start.isoformat(),
     )  # fmt: skip
-    sink = _sink(
+    applier = _applier(
         dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
     )
     register(spark)
     leases = SparkLeases(dsn, settings, name, ranges, owner=spark_owner(), ttl=lease_ttl)
-    sink = attrs.evolve(sink, fences=leases.acquire(lease_wait))
+    applier = attrs.evolve(applier, fences=leases.acquire(lease_wait))
 
     try:
         stream = spark.readStream.format("slicejournal").options(**options).load()
         writer = (
-            stream.writeStream.format(_writer_format(spark, sink))
+            stream.writeStream.format(_writer_format(spark, applier))
             .option("checkpointLocation", checkpoint_location)
             .trigger(**trigger)
         )
@@ -284,7 +284,7 @@ def rebuild(
     )
     stage_name = f"{name} (rebuild staging)"
     validate_name(stage_name)
-    sink = _sink(
+    applier = _applier(
         dsn, settings, stage_name, entity_type, ranges, handler, projection_settings,
         serializers, search_path=staging, transaction_per_batch=True,
     )  # fmt: skip
@@ -300,8 +300,8 @@ def rebuild(
             dao = SyncOffsetDao(Tables(settings), stage_name)
             dao.clear(conn, slice_range)
         df = spark.read.format("slicejournal").options(**options).load()
-        sink = attrs.evolve(sink, fences=leases.fences)
-        df.write.format(_writer_format(spark, sink)).mode("append").save()
+        applier = attrs.evolve(applier, fences=leases.fences)
+        df.write.format(_writer_format(spark, applier)).mode("append").save()
         with open_sync(dsn, settings) as conn, conn.transaction():
             events = _swap(
                 conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to

@@ -54,10 +54,10 @@ from projections.core import (
 )
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
-from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
+from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -69,7 +69,7 @@ def _default_registry() -> SerializerRegistry:
 
 
 @attrs.frozen
-class PartitionSink:
+class PartitionApplier:
     """What every executor needs to apply its partitions; pickled into the Spark job.
 
     `offset_name` is the projection name the offset rows are stored under (a
@@ -103,12 +103,12 @@ class PartitionSink:
             "span several source partitions; apply the sink to the source's partitions as read"
         )
 
-    def apply(self, batches: Iterable[pa.RecordBatch]) -> SinkReport:
+    def apply(self, batches: Iterable[pa.RecordBatch]) -> PartitionReport:
         """Apply one Spark partition (its rows as Arrow batches) on this executor."""
         it = (b for b in batches if b.num_rows)
         first = next(it, None)
         if first is None:
-            return SinkReport("", 0, 0, 0)
+            return PartitionReport("", 0, 0, 0)
         r = self.range_of(first)
         fence = next((f for f in self.fences if f.slice_range == r), None)
         run = _PartitionRun(self, r, fence)
@@ -121,11 +121,11 @@ class PartitionSink:
             else:
                 run.apply(conn, [first, *it])
         stats = run.core.stats
-        return SinkReport(str(r), stats.accepted, stats.duplicates, stats.gaps_filled)
+        return PartitionReport(str(r), stats.accepted, stats.duplicates, stats.gaps_filled)
 
 
 @dataclasses.dataclass
-class SinkReport(WriterCommitMessage):
+class PartitionReport(WriterCommitMessage):
     """What one partition did, sent back to the driver's `commit`."""
 
     slice_range: str
@@ -137,17 +137,17 @@ class SinkReport(WriterCommitMessage):
 class _PartitionRun:
     """The sync driver of one partition's `ProjectionCore`."""
 
-    def __init__(self, sink: PartitionSink, r: SliceRange, fence: Fence | None) -> None:
-        self.sink = sink
+    def __init__(self, applier: PartitionApplier, r: SliceRange, fence: Fence | None) -> None:
+        self.applier = applier
         self.range = r
         self.key = r.key
         self.fence = fence
-        self.tables = Tables(sink.settings)
-        self.registry = sink.registry()
-        self.dao = SyncOffsetDao(self.tables, sink.offset_name)
-        self.where = f"{sink.offset_name} {self.key} (spark)"
+        self.tables = Tables(applier.settings)
+        self.registry = applier.registry()
+        self.dao = SyncOffsetDao(self.tables, applier.offset_name)
+        self.where = f"{applier.offset_name} {self.key} (spark)"
         self.core = ProjectionCore(
-            Mode.GROUPED, sink.projection_settings, r, where=self.where, log=_log
+            Mode.GROUPED, applier.projection_settings, r, where=self.where, log=_log
         )
 
     def start(self, conn: Connection[Any]) -> None:
@@ -156,7 +156,7 @@ class _PartitionRun:
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
         """Everything of `batches` in one transaction: handler writes, offset rows, markers."""
         for batch in batches:
-            if self.sink.range_of(batch) != self.range:
+            if self.applier.range_of(batch) != self.range:
                 raise ProjectionError(f"projection {self.where}: rows of another partition")
         envs = sorted(
             (e for b in batches for e in envelopes(b, self.registry)),
@@ -167,11 +167,11 @@ class _PartitionRun:
             with conn.transaction():
                 if self.fence is not None:
                     conn.execute(*self.fence.idle_limit())
-                if self.sink.search_path is not None:
+                if self.applier.search_path is not None:
                     conn.execute(
                         sql.SQL("SELECT set_config('search_path', {} || ', ' || "
                                 "current_setting('search_path'), true)").format(
-                            sql.Literal(sql.Identifier(self.sink.search_path).as_string(conn))
+                            sql.Literal(sql.Identifier(self.applier.search_path).as_string(conn))
                         )
                     )  # fmt: skip
                 for env in envs:
@@ -182,7 +182,9 @@ class _PartitionRun:
                     # batch's read has been handled: a heartbeat says so to the core,
                     # which writes progress markers for the slices that lag.
                     progress = TimestampOffset(newest, newest)
-                    beat = heartbeat_envelope(self.sink.entity_type, self.range.min_slice, progress)
+                    beat = heartbeat_envelope(
+                        self.applier.entity_type, self.range.min_slice, progress
+                    )
                     self._drive(conn, self.core.offer(beat, time.monotonic()))
         except Exception as error:
             self.core.failed()
@@ -211,7 +213,7 @@ class _PartitionRun:
             elif isinstance(action, Commit):
                 if action.envelopes:
                     check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
-                    self.sink.handler(conn, list(action.envelopes))
+                    self.applier.handler(conn, list(action.envelopes))
                 self.dao.save(conn, self.key, action.records, self.fence)
                 action = core.committed(now)
             elif isinstance(action, SaveOffsets):
