@@ -60,7 +60,6 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(
             (
                 "SyncAtLeastOnceHandler",
-                "SyncFleetControl",
                 "SyncGroupedHandler",
                 "SyncHandler",
                 "SyncProjection",
