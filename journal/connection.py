@@ -193,10 +193,3 @@ def pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Exceptio
         f"pool {name!r} could not open its {min_size} connection(s) "
         f"within {timeout} s ({e}); is max_connections reached?",
     )
-
-
-def open_sync(dsn: str, settings: JournalSettings) -> Connection[Any]:
-    """Deprecated alias of `journal.sync.pool.open_connection` (kept while callers move)."""
-    from journal.sync.pool import open_connection
-
-    return open_connection(dsn, settings)

@@ -355,15 +355,21 @@ class ProjectionCore:
         self._idle_or_fail("offer")
         if env.is_heartbeat:
             self.stats.heartbeats += 1
-            if self._batcher.empty and env.offset is not None:
-                self._progress = env.offset.timestamp
-                markers = self._markers(now)
-                if markers:
-                    return self._out(SaveOffsets(tuple(markers)))
-            return None
+            return None if env.offset is None else self.progress(env.offset.timestamp, now)
         self._offered = env
         self._conversation = admit(self.state, env, self.stats, where=self.where, log=self.log)
         return self._converse(None, now)
+
+    def progress(self, timestamp: datetime, now: float) -> Action | None:
+        """Every event of the range up to `timestamp` has been offered (a heartbeat of the
+        stream, or a Spark batch's end): slices whose latest stored row lags it get a
+        progress marker, at most once per `progress_interval`, while no batch is pending."""
+        self._idle_or_fail("progress")
+        if not self._batcher.empty:
+            return None
+        self._progress = timestamp
+        markers = self._markers(now)
+        return self._out(SaveOffsets(tuple(markers))) if markers else None
 
     def answer(self, reply: Any, now: float) -> Action | None:
         """The reply to a `PreviousTimestamp`, `MissingEvents` or `LoadPayload`."""

@@ -49,15 +49,13 @@ from journal.aio.journal import Journal
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
+from projections.aio.core_io import CoreReads
 from projections.aio.offset_dao import OffsetDao, insert_dead_letters, range_is_paused
 from projections.core import (
     Action,
     Commit,
     Handle,
-    LoadPayload,
-    MissingEvents,
     Mode,
-    PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
     record_of,
@@ -131,6 +129,7 @@ class Projection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
+        self._reads = CoreReads(journal.tables, journal.serializers, pool=journal.read_pool)
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
         self._running = False
@@ -342,19 +341,8 @@ class Projection:
     async def _drive(self, action: Action | None) -> None:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
         core = self._core
-        while action is not None:
-            if isinstance(action, PreviousTimestamp):
-                previous = await self.journal.timestamp_of(action.persistence_id, action.seq_nr)
-                action = core.answer(previous, self._now())
-            elif isinstance(action, MissingEvents):
-                stream = self.journal.current_events_by_persistence_id(
-                    action.persistence_id, action.from_seq_nr, action.to_seq_nr
-                )
-                action = core.answer([e async for e in stream], self._now())
-            elif isinstance(action, LoadPayload):
-                loaded = await self.journal.load_envelope(action.persistence_id, action.seq_nr)
-                action = core.answer(loaded, self._now())
-            elif isinstance(action, Handle):
+        while (action := await self._reads.drive(core, action)) is not None:
+            if isinstance(action, Handle):
                 skipped = await self._with_recovery([action.envelope], self._call_at_least_once)
                 action = (core.skipped if skipped else core.handled)(self._now())
             elif isinstance(action, Commit):

@@ -23,11 +23,12 @@ from psycopg import Connection, sql
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from journal.connection import open_sync, schema_errors
+from journal.connection import schema_errors
 from journal.errors import InvalidArgument
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
+from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.management import check_timestamp
 from projections.names import check_instance, validate_name
@@ -43,7 +44,7 @@ from projections.spark.options import DEFAULT_PARTITIONS, parse_options
 from projections.spark.session import register
 from projections.spark.sink import PartitionApplier, SparkHandler
 from projections.spark.writer import writer_source_for
-from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
+from projections.sync.offset_dao import OffsetDao
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -133,8 +134,8 @@ def store_start(
     dsn: str, settings: JournalSettings, name: str, slice_range: SliceRange
 ) -> datetime | None:
     """Where the offset store says a run over `slice_range` resumes (None: the start)."""
-    dao = SyncOffsetDao(Tables(settings), name)
-    with open_sync(dsn, settings) as conn, schema_errors(Tables(settings)):
+    dao = OffsetDao(Tables(settings), name)
+    with open_connection(dsn, settings) as conn, schema_errors(Tables(settings)):
         records = dao.load(conn, slice_range)
     offset = OffsetState(ProjectionSettings().time_window, records).start_offset(slice_range)
     return None if offset is None else offset.timestamp
@@ -272,7 +273,7 @@ def rebuild(
     settings = settings or JournalSettings()
     ranges = slice_range.split(num_partitions)
     staging = _staging_schema(settings, name)
-    with open_sync(dsn, settings) as conn:
+    with open_connection(dsn, settings) as conn:
         targets = _resolve_tables(conn, tables)
         if up_to is None:
             row = conn.execute("SELECT transaction_timestamp()").fetchone()
@@ -295,14 +296,14 @@ def rebuild(
     leases.acquire(lease_wait)
     try:
         leases.keep_alive(lambda: True, lambda: None)
-        with open_sync(dsn, settings) as conn, conn.transaction():
+        with open_connection(dsn, settings) as conn, conn.transaction():
             _create_staging(conn, staging, name, targets)
-            dao = SyncOffsetDao(Tables(settings), stage_name)
+            dao = OffsetDao(Tables(settings), stage_name)
             dao.clear(conn, slice_range)
         df = spark.read.format("slicejournal").options(**options).load()
         applier = attrs.evolve(applier, fences=leases.fences)
         df.write.format(_writer_format(spark, applier)).mode("append").save()
-        with open_sync(dsn, settings) as conn, conn.transaction():
+        with open_connection(dsn, settings) as conn, conn.transaction():
             events = _swap(
                 conn, settings, leases, name, stage_name, slice_range, staging, targets, up_to
             )
@@ -384,7 +385,7 @@ def _swap(
         conn.execute(
             sql.SQL("INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM {}").format(live, copy)
         )
-    dao = SyncOffsetDao(t, name)
+    dao = OffsetDao(t, name)
     dao.clear(conn, slice_range)
     moved = conn.execute(
         sql.SQL(

@@ -28,10 +28,10 @@ from typing import Any
 
 from psycopg import Connection
 
-from journal.connection import open_sync
 from journal.errors import JournalError
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
+from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.fencing import Fence
 from projections.fleet.assignment import claim_check
@@ -78,7 +78,7 @@ class SparkLeases:
         self._thread: threading.Thread | None = None
 
     def _connect(self) -> Connection[Any]:
-        return open_sync(self.dsn, self.settings)
+        return open_connection(self.dsn, self.settings)
 
     def acquire(self, wait: timedelta = timedelta(0)) -> tuple[Fence, ...]:
         """Claim every range, all or nothing; `ProjectionBusy` if another owner still holds

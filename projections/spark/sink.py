@@ -34,30 +34,20 @@ import pyarrow.compute as pc
 from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
-from journal.connection import open_sync
-from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
-from journal.query import sql as journal_sql
-from journal.rows import row_to_envelope
+from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
+from journal.sync.pool import open_connection
 from journal.tables import Tables
-from projections.core import (
-    Action,
-    Commit,
-    LoadPayload,
-    MissingEvents,
-    Mode,
-    PreviousTimestamp,
-    ProjectionCore,
-    SaveOffsets,
-)
+from projections.core import Action, Commit, Mode, ProjectionCore, SaveOffsets
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
-from projections.sync.offset_dao import OffsetDao as SyncOffsetDao
+from projections.sync.core_io import CoreReads
+from projections.sync.offset_dao import OffsetDao
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -112,7 +102,7 @@ class PartitionApplier:
         r = self.range_of(first)
         fence = next((f for f in self.fences if f.slice_range == r), None)
         run = _PartitionRun(self, r, fence)
-        with open_sync(self.dsn, self.settings) as conn:
+        with open_connection(self.dsn, self.settings) as conn:
             run.start(conn)
             if self.transaction_per_batch:
                 run.apply(conn, [first])
@@ -144,7 +134,7 @@ class _PartitionRun:
         self.fence = fence
         self.tables = Tables(applier.settings)
         self.registry = applier.registry()
-        self.dao = SyncOffsetDao(self.tables, applier.offset_name)
+        self.dao = OffsetDao(self.tables, applier.offset_name)
         self.where = f"{applier.offset_name} {self.key} (spark)"
         self.core = ProjectionCore(
             Mode.GROUPED, applier.projection_settings, r, where=self.where, log=_log
@@ -152,6 +142,8 @@ class _PartitionRun:
 
     def start(self, conn: Connection[Any]) -> None:
         self.core.start(self.dao.load(conn, self.range))
+        # The core's reads run on this partition's connection, inside its transaction.
+        self.reads = CoreReads(self.tables, self.registry, conn=conn)
 
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
         """Everything of `batches` in one transaction: handler writes, offset rows, markers."""
@@ -179,13 +171,9 @@ class _PartitionRun:
                 self._drive(conn, self.core.flush(time.monotonic()))
                 if newest is not None:
                     # Every row of the range below `newest` that was visible to this
-                    # batch's read has been handled: a heartbeat says so to the core,
-                    # which writes progress markers for the slices that lag.
-                    progress = TimestampOffset(newest, newest)
-                    beat = heartbeat_envelope(
-                        self.applier.entity_type, self.range.min_slice, progress
-                    )
-                    self._drive(conn, self.core.offer(beat, time.monotonic()))
+                    # batch's read has been handled: the core writes progress markers
+                    # for the slices that lag.
+                    self._drive(conn, self.core.progress(newest, time.monotonic()))
         except Exception as error:
             self.core.failed()
             failure = offset_error(error, self.tables, self.where)
@@ -195,39 +183,11 @@ class _PartitionRun:
 
     def _drive(self, conn: Connection[Any], action: Action | None) -> None:
         core = self.core
-        while action is not None:
-            now = time.monotonic()
-            if isinstance(action, PreviousTimestamp):
-                row = conn.execute(
-                    journal_sql.timestamp_of(self.tables), (action.persistence_id, action.seq_nr)
-                ).fetchone()
-                action = core.answer(None if row is None else row[0], now)
-            elif isinstance(action, MissingEvents):
-                action = core.answer(self._missing(conn, action), now)
-            elif isinstance(action, LoadPayload):
-                row = conn.execute(
-                    journal_sql.one_event(self.tables), (action.persistence_id, action.seq_nr)
-                ).fetchone()
-                loaded = None if row is None else row_to_envelope(row, self.registry, source="load")
-                action = core.answer(loaded, now)
-            elif isinstance(action, Commit):
-                if action.envelopes:
-                    check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
-                    self.applier.handler(conn, list(action.envelopes))
-                self.dao.save(conn, self.key, action.records, self.fence)
-                action = core.committed(now)
-            elif isinstance(action, SaveOffsets):
-                self.dao.save(conn, self.key, action.records, self.fence)
-                action = core.committed(now)
-            else:  # Handle: at-least-once, never asked of a grouped core
+        while (action := self.reads.drive(core, action)) is not None:
+            if isinstance(action, Commit) and action.envelopes:
+                check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
+                self.applier.handler(conn, list(action.envelopes))
+            elif not isinstance(action, Commit | SaveOffsets):  # Handle: never from grouped
                 raise ProjectionError(f"unexpected {action!r}")
-
-    def _missing(self, conn: Connection[Any], action: MissingEvents) -> list[EventEnvelope]:
-        params = {
-            "pid": action.persistence_id,
-            "from_seq": action.from_seq_nr,
-            "to_seq": action.to_seq_nr,
-            "limit": action.to_seq_nr - action.from_seq_nr + 1,
-        }
-        rows = conn.execute(journal_sql.by_persistence_id(self.tables), params).fetchall()
-        return [row_to_envelope(row, self.registry, source="persistence_id") for row in rows]
+            self.dao.save(conn, self.key, action.records, self.fence)
+            action = core.committed(time.monotonic())

@@ -39,9 +39,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from journal.connection import open_sync, schema_errors
+from journal.connection import schema_errors
 from journal.model import EPOCH
 from journal.slices import SliceRange
+from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
 from projections.spark.arrow import SCHEMA_DDL, record_batch
@@ -75,7 +76,7 @@ def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
     tables = Tables(options.settings)
     statement, params = q.partition_rows(plan)
     with (
-        open_sync(options.dsn, options.settings) as conn,
+        open_connection(options.dsn, options.settings) as conn,
         conn.transaction(),
         conn.cursor(name=f"slicejournal_spark_{next(_cursor_ids)}") as cur,
         schema_errors(tables),
@@ -87,7 +88,7 @@ def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
 
 def _query_one(options: SourceOptions, statement: Any, params: Any) -> tuple[Any, ...]:
     with (
-        open_sync(options.dsn, options.settings) as conn,
+        open_connection(options.dsn, options.settings) as conn,
         schema_errors(Tables(options.settings)),
     ):
         row = conn.execute(statement, params).fetchone()

@@ -55,10 +55,7 @@ from projections.core import (
     Action,
     Commit,
     Handle,
-    LoadPayload,
-    MissingEvents,
     Mode,
-    PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
     record_of,
@@ -69,6 +66,7 @@ from projections.management_sql import ManagementSql
 from projections.names import check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
+from projections.sync.core_io import CoreReads
 from projections.sync.offset_dao import OffsetDao, insert_dead_letters, range_is_paused
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
@@ -133,6 +131,7 @@ class SyncProjection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
+        self._reads = CoreReads(journal.tables, journal.serializers, pool=journal.read_pool)
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
         self._running = False
@@ -342,19 +341,8 @@ class SyncProjection:
     def _drive(self, action: Action | None) -> None:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
         core = self._core
-        while action is not None:
-            if isinstance(action, PreviousTimestamp):
-                previous = self.journal.timestamp_of(action.persistence_id, action.seq_nr)
-                action = core.answer(previous, self._now())
-            elif isinstance(action, MissingEvents):
-                stream = self.journal.current_events_by_persistence_id(
-                    action.persistence_id, action.from_seq_nr, action.to_seq_nr
-                )
-                action = core.answer([e for e in stream], self._now())
-            elif isinstance(action, LoadPayload):
-                loaded = self.journal.load_envelope(action.persistence_id, action.seq_nr)
-                action = core.answer(loaded, self._now())
-            elif isinstance(action, Handle):
+        while (action := self._reads.drive(core, action)) is not None:
+            if isinstance(action, Handle):
                 skipped = self._with_recovery([action.envelope], self._call_at_least_once)
                 action = (core.skipped if skipped else core.handled)(self._now())
             elif isinstance(action, Commit):

@@ -1,0 +1,98 @@
+"""The projection core's one I/O seam: its journal reads, answered on a connection.
+
+`ProjectionCore` asks for three things while it validates an envelope: the
+timestamp of an id's previous event, the events of a gap, an event's
+payload. Every runner answers them here — the in-process runners from the
+journal's read pool, the Spark sink on its partition's own (fenced)
+connection through the generated sync twin — with the journal's own
+statements, so no runner carries a copy of this SQL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from journal.model import EventEnvelope
+from journal.query import sql as q
+from journal.rows import row_to_envelope
+from journal.serialization import SerializerRegistry
+from journal.tables import Tables
+from projections.core import (
+    Action,
+    Commit,
+    Handle,
+    LoadPayload,
+    MissingEvents,
+    PreviousTimestamp,
+    ProjectionCore,
+    SaveOffsets,
+)
+
+Read = PreviousTimestamp | MissingEvents | LoadPayload
+
+
+async def reply_to(
+    conn: AsyncConnection[Any], tables: Tables, registry: SerializerRegistry, request: Read
+) -> Any:
+    """The reply `ProjectionCore.answer` expects for `request`, read on `conn`."""
+    pid = request.persistence_id
+    if isinstance(request, PreviousTimestamp):
+        cur = await conn.execute(q.timestamp_of(tables), (pid, request.seq_nr))
+        row = await cur.fetchone()
+        return None if row is None else row[0]
+    if isinstance(request, MissingEvents):
+        params = {
+            "pid": pid,
+            "from_seq": request.from_seq_nr,
+            "to_seq": request.to_seq_nr,
+            "limit": request.to_seq_nr - request.from_seq_nr + 1,
+        }
+        cur = await conn.execute(q.by_persistence_id(tables), params)
+        rows = await cur.fetchall()
+        return [row_to_envelope(r, registry, source="persistence_id") for r in rows]
+    cur = await conn.execute(q.one_event(tables), (pid, request.seq_nr))
+    row = await cur.fetchone()
+    found: EventEnvelope | None = (
+        None if row is None else row_to_envelope(row, registry, source="load")
+    )
+    return found
+
+
+class CoreReads:
+    """Answers a core's journal reads from a pool (each read on a connection of its own)
+    or on one given connection (inside the caller's transaction)."""
+
+    def __init__(
+        self,
+        tables: Tables,
+        registry: SerializerRegistry,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> None:
+        self._tables = tables
+        self._registry = registry
+        self._pool = pool
+        self._conn = conn
+
+    async def reply(self, request: Read) -> Any:
+        """Read what `request` asks for."""
+        if self._conn is not None:
+            return await reply_to(self._conn, self._tables, self._registry, request)
+        assert self._pool is not None, "CoreReads needs a pool or a connection"
+        async with self._pool.connection() as conn:
+            return await reply_to(conn, self._tables, self._registry, request)
+
+    async def drive(
+        self, core: ProjectionCore, action: Action | None
+    ) -> Handle | Commit | SaveOffsets | None:
+        """Answer the core's reads until it asks for something else: the returned
+        `Handle`, `Commit` or `SaveOffsets` (or None: nothing to do)."""
+        while isinstance(action, PreviousTimestamp | MissingEvents | LoadPayload):
+            action = core.answer(await self.reply(action), time.monotonic())
+        assert action is None or isinstance(action, Handle | Commit | SaveOffsets)
+        return action
