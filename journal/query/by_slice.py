@@ -431,8 +431,8 @@ class BySliceQuery:
             end = query.until_exclusive
             if query.horizon is not None:
                 end = min(end, query.horizon)
+            # Still catching up (a chunk is only asked for then): the counts still bound.
             self._scan = self._scan.skip_to(end)
-            self._buckets = self._buckets.after_chunk()
             self._backtracked_by_reading(query)
             if end == query.until_exclusive:
                 return

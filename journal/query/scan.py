@@ -1,0 +1,64 @@
+"""Where a slice query's normal scan is, as an immutable value.
+
+Two positions matter and they can differ: the offset of the last emitted
+event (what a restart resumes from) and where the next scan starts, which a
+bounded catch-up chunk moves past the last event when nothing more lies below
+its bound. Keeping both in one value, with the tie rule (`seen`) applied in
+one place, lets the backtracking position reuse the same rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+import attrs
+
+from journal.model import TimestampOffset
+
+
+def offset_after(
+    offset: TimestampOffset, ts: datetime, pid: str, seq_nr: int, read_timestamp: datetime
+) -> TimestampOffset | None:
+    """The offset after a row read from `offset` on, or None if `offset` already covers it.
+
+    Rows arrive ordered by timestamp; at the offset's own timestamp, `seen`
+    tells which (pid, seq_nr) were already emitted there.
+    """
+    if ts > offset.timestamp:
+        return TimestampOffset(ts, read_timestamp, {pid: seq_nr})
+    if ts < offset.timestamp or offset.seen.get(pid, 0) >= seq_nr:
+        return None
+    return TimestampOffset(ts, read_timestamp, {**offset.seen, pid: seq_nr})
+
+
+@attrs.frozen
+class ScanPosition:
+    """The stream's offset (`latest`) and where its next normal scan starts (`scan_from`).
+
+    `scan_from` is never behind `latest.timestamp`; it runs ahead only after a
+    bounded chunk that held no more rows, and then no row at it was emitted.
+    """
+
+    latest: TimestampOffset
+    scan_from: datetime
+
+    @classmethod
+    def at(cls, offset: TimestampOffset) -> ScanPosition:
+        return cls(offset, offset.timestamp)
+
+    @property
+    def exclude(self) -> Mapping[str, int]:
+        """The (pid, seq_nr) pairs at `scan_from` the next scan must skip."""
+        return self.latest.seen if self.scan_from == self.latest.timestamp else {}
+
+    def emit(
+        self, ts: datetime, pid: str, seq_nr: int, read_timestamp: datetime
+    ) -> ScanPosition | None:
+        """The position after emitting a row, or None if the row was emitted already."""
+        latest = offset_after(self.latest, ts, pid, seq_nr, read_timestamp)
+        return None if latest is None else ScanPosition(latest, ts)
+
+    def skip_to(self, end: datetime) -> ScanPosition:
+        """After a chunk read whole up to `end`: the next scan may start there."""
+        return attrs.evolve(self, scan_from=end) if end > self.scan_from else self
