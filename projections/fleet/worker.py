@@ -41,10 +41,11 @@ from journal import Journal, SliceRange, slice_ranges
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
+from projections.aio.leases import claim_range, lock_claims, release_lease, renew_leases
 from projections.aio.runner import Projection
 from projections.errors import LeaseLost
 from projections.fencing import Fence
-from projections.fleet.assignment import LeaseRow, claim_check, plan
+from projections.fleet.assignment import LeaseRow, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
 from projections.names import validate_name
 
@@ -212,8 +213,7 @@ class FleetWorker:
         ttl = self.settings.ttl_ms
         async with self.journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
-            cur = await conn.execute(self._sql.renew, (ttl, self.name, self.me, list(held)))
-            renewed = {epoch for (epoch,) in await cur.fetchall()}
+            renewed = await renew_leases(conn, self._sql, self.name, self.me, list(held), ttl)
         for epoch, instance in held.items():
             if epoch not in renewed:
                 self._lost(instance, "its lease was not renewed (taken over or expired)")
@@ -300,7 +300,7 @@ class FleetWorker:
         try:
             async with conn.transaction():
                 await conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
-                await conn.execute(self._sql.lock_claims, self._sql.claims_key(self.name))
+                await lock_claims(conn, self._sql, self.name)
                 instances, now, workers, leases = await self._read(conn, lock=True)
                 decided = plan(self.me, slice_ranges(instances), workers, leases, now)
                 wanted = [*decided.claim, *decided.waiting, *decided.keep]
@@ -324,19 +324,8 @@ class FleetWorker:
         return claimed, wanted
 
     async def _claim_one(self, conn: psycopg.AsyncConnection[Any], r: SliceRange) -> int | None:
-        cur = await conn.execute(self._sql.lock_overlapping, (self.name, r.max_slice, r.min_slice))
-        rows = lease_rows(await cur.fetchall())
-        cur = await conn.execute(self._sql.now)
-        now = (await cur.fetchone() or (0.0,))[0]
-        blockers, stale = claim_check(rows, r, self.me, now)
-        if blockers:
-            return None  # taken meanwhile
-        for free in stale:  # a free row of another split: gone for good
-            await conn.execute(self._sql.delete_lease, (self.name, free.min_slice, free.max_slice))
-        params = self._sql.claim_params(self.name, r, self.me, self.settings.ttl_ms)
-        cur = await conn.execute(self._sql.claim, params)
-        claimed = await cur.fetchone()
-        return None if claimed is None else int(claimed[0])
+        epoch, _ = await claim_range(conn, self._sql, self.name, r, self.me, self.settings.ttl_ms)
+        return epoch  # None: taken meanwhile
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -422,7 +411,7 @@ class FleetWorker:
         self._parked.pop(r, None)
         try:
             async with self.journal.pool.connection() as conn:
-                await conn.execute(self._sql.release, (self.name, self.me, epoch))
+                await release_lease(conn, self._sql, self.name, self.me, epoch)
         except (psycopg.Error, JournalError) as error:
             _log.warning("worker %s: releasing %s failed: %s", self.me, r, error)
             return

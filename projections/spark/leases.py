@@ -34,8 +34,8 @@ from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.fencing import Fence
-from projections.fleet.assignment import claim_check
-from projections.fleet.lease_sql import FleetSql, lease_rows
+from projections.fleet.lease_sql import FleetSql
+from projections.sync.leases import claim_range, lock_claims, release_lease, renew_leases
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -96,25 +96,17 @@ class SparkLeases:
         s = self._sql
         fences = []
         with self._connect() as conn, conn.transaction():
-            conn.execute(s.lock_claims, s.claims_key(self.name))
-            row = conn.execute(s.now).fetchone()
-            now = float(row[0]) if row else 0.0
+            lock_claims(conn, s, self.name)
             for r in self.ranges:
-                rows = conn.execute(s.lock_overlapping, (self.name, r.max_slice, r.min_slice))
-                blockers, stale = claim_check(lease_rows(rows.fetchall()), r, self.owner, now)
-                if blockers:
+                epoch, blockers = claim_range(conn, s, self.name, r, self.owner, self.ttl_ms)
+                if epoch is None:
                     held = ", ".join(sorted({f"{b.slice_range} by {b.owner}" for b in blockers}))
                     raise ProjectionBusy(
                         f"projection {self.name!r} is running elsewhere ({held}); stop those "
                         "workers (SIGTERM releases their leases) or wait until their leases "
                         "expire, then start it on Spark"
                     )
-                for free in stale:
-                    conn.execute(s.delete_lease, (self.name, free.min_slice, free.max_slice))
-                params = s.claim_params(self.name, r, self.owner, self.ttl_ms)
-                claimed = conn.execute(s.claim, params).fetchone()
-                assert claimed is not None  # an upsert always returns its row
-                fences.append(Fence(self.name, r, self.owner, int(claimed[0]), self.ttl_ms))
+                fences.append(Fence(self.name, r, self.owner, epoch, self.ttl_ms))
         self.fences = tuple(fences)
         _log.info("spark owner %s holds %s in %d range(s)", self.owner, self.name, len(fences))
         return self.fences
@@ -123,9 +115,7 @@ class SparkLeases:
         """Extend every lease; False if any was lost (taken over after expiring)."""
         epochs = [f.epoch for f in self.fences]
         with self._connect() as conn:
-            renewed = conn.execute(
-                self._sql.renew, (self.ttl_ms, self.name, self.owner, epochs)
-            ).fetchall()
+            renewed = renew_leases(conn, self._sql, self.name, self.owner, epochs, self.ttl_ms)
         return len(renewed) == len(epochs)
 
     def release(self) -> None:
@@ -135,7 +125,7 @@ class SparkLeases:
             return
         with self._connect() as conn, conn.transaction():
             for f in self.fences:
-                conn.execute(self._sql.release, (self.name, self.owner, f.epoch))
+                release_lease(conn, self._sql, self.name, self.owner, f.epoch)
         self.fences = ()
         _log.info("spark owner %s released %s", self.owner, self.name)
 
