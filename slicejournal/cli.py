@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from journal.dsn import database, resolve_dsn
 from journal.errors import JournalError
 from journal.settings import JournalSettings
+from slicejournal import __version__
 from slicejournal.fleet_cli import add_fleet_parsers
 from slicejournal.server_cli import add_server_parser
 
@@ -118,6 +119,7 @@ def _add_demo_parser(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicejournal", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     logs = argparse.ArgumentParser(add_help=False)
     logs.add_argument(

