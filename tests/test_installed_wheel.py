@@ -1,0 +1,138 @@
+"""What a user gets from `pip install slicejournal` works, outside the repository.
+
+The wheel is built from this tree and installed, without extras, into a clean
+virtualenv in a temporary directory (its own working directory too, so nothing
+of the source tree can be imported by accident). Then, as a user would: the CLI
+answers `--version` and every command's `--help`, `init` prepares a schema,
+a program with a DSN appends and reads back, and a program with no DSN gets
+`ConnectionFailed` naming the `[embedded]` extra instead of a traceback. A
+user's program type-checks against the installed package (`py.typed`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import drop_test_schema, fresh_schema_name
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = (
+    "init",
+    "demo",
+    "spark-demo",
+    "server",
+    "worker",
+    "scale",
+    "status",
+    "pause",
+    "resume",
+    "set-offset",
+    "clear-offset",
+    "dead-letters",
+)
+
+USER_PROGRAM = """
+import os
+
+from journal import JournalSettings, PersistenceId, SyncJournal
+
+settings = JournalSettings(schema=os.environ["SCHEMA"])
+with SyncJournal.connect(os.environ["DSN"], settings) as journal:
+    pid: str = PersistenceId.of("Note", "installed").id
+    seq_nr: int = journal.highest_seq_nr(pid)
+    journal.append(pid, [{"n": seq_nr + 1}], expected_seq_nr=seq_nr)
+    events = [env.event for env in journal.current_events_by_persistence_id(pid)]
+    print("read back", len(events))
+"""
+
+NO_DSN_PROGRAM = """
+from journal import ConnectionFailed, SyncJournal
+
+try:
+    with SyncJournal.connect():
+        pass
+except ConnectionFailed as error:
+    print("ConnectionFailed:", error)
+"""
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 240):
+    result = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, f"{cmd}: {result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(the venv's bin directory, a working directory outside the repo)."""
+    base = tmp_path_factory.mktemp("installed")
+    dist = base / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], base)
+    (wheel,) = dist.glob("slicejournal-*.whl")
+    run([sys.executable, "-m", "venv", str(base / "venv")], base)
+    bin_dir = base / "venv" / "bin"
+    run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)], base)
+    work = base / "work"
+    work.mkdir()
+    yield bin_dir, work
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICEJOURNAL", "PYTHON"))}
+    return {**env, **extra}
+
+
+@pytest.mark.timeout(600)
+def test_the_bare_wheel_runs_the_cli_and_a_program(bare: tuple[Path, Path], pg_dsn: str) -> None:
+    bin_dir, work = bare
+    version = run([str(bin_dir / "slicejournal"), "--version"], work, clean_env())
+    assert version.stdout.startswith("slicejournal ")
+    for command in COMMANDS:
+        helped = run([str(bin_dir / "slicejournal"), command, "--help"], work, clean_env())
+        assert "usage: slicejournal" in helped.stdout
+    schema = fresh_schema_name()
+    try:
+        run([str(bin_dir / "slicejournal"), "init", "--dsn", pg_dsn, "--schema", schema], work,
+            clean_env())  # fmt: skip
+        (work / "program.py").write_text(USER_PROGRAM)
+        env = clean_env(DSN=pg_dsn, SCHEMA=schema)
+        for n in (1, 2):
+            out = run([str(bin_dir / "python"), "program.py"], work, env)
+            assert out.stdout.strip() == f"read back {n}"
+    finally:
+        drop_test_schema(pg_dsn, schema)
+
+
+@pytest.mark.timeout(120)
+def test_without_a_dsn_the_bare_wheel_names_the_embedded_extra(bare: tuple[Path, Path]) -> None:
+    bin_dir, work = bare
+    (work / "no_dsn.py").write_text(NO_DSN_PROGRAM)
+    out = run([str(bin_dir / "python"), "no_dsn.py"], work, clean_env())
+    assert out.stdout.startswith("ConnectionFailed: no database configured")
+    assert "slicejournal[embedded]" in out.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_user_program_type_checks_against_the_installed_package(
+    bare: tuple[Path, Path],
+) -> None:
+    """`py.typed` ships: mypy --strict sees slicejournal's types, not `import-untyped`."""
+    bin_dir, work = bare
+    run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "mypy"], work, clean_env())
+    (work / "typed.py").write_text(USER_PROGRAM)
+    run([str(bin_dir / "python"), "-m", "mypy", "--strict", "typed.py"], work, clean_env())
+    # ... and it really checks them: a wrong type is an error.
+    (work / "wrong.py").write_text(USER_PROGRAM.replace("seq_nr: int =", "seq_nr: str ="))
+    wrong = subprocess.run(
+        [str(bin_dir / "python"), "-m", "mypy", "--strict", "wrong.py"],
+        cwd=work, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert wrong.returncode == 1 and "Incompatible types" in wrong.stdout, wrong.stdout
