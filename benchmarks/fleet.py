@@ -64,11 +64,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -107,7 +105,7 @@ from projections import Projection, ProjectionGroup, ProjectionSettings
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.fleet.status import FleetStatus
-from slicejournal.fleet_cli import worker_argv
+from slicejournal.examples.worker_processes import WorkerProcesses
 
 BENCH_DIR = Path(__file__).resolve().parent
 FACTORY = "fleet:projection"  # this module, imported by the workers from BENCH_DIR
@@ -131,7 +129,6 @@ SETTLE = 1.0
 FAILOVER_GOAL = 2.0  # x T
 WORKER_COUNTS = (1, 2, 4)
 BASELINE = "group"
-PR_SET_PDEATHSIG = 1
 
 
 # -- the projection the workers run --------------------------------------------------------
@@ -202,105 +199,23 @@ async def create_applied(dsn: str, schema: str, run_tag: str, *, by_time: bool =
 # -- worker processes -------------------------------------------------------------------------
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that makes the kernel SIGKILL the worker when this process dies
-    (Linux), so that no worker outlives a benchmark that was itself killed."""
-    if sys.platform != "linux":
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-    return preexec
-
-
-class Fleet:
-    """The worker subprocesses of one run, by worker id; logs in `logs/`."""
-
-    def __init__(self, dsn: str, schema: str, run_tag: str, ttl: float, logs: Path) -> None:
-        self.dsn, self.schema, self.run_tag, self.ttl, self.logs = dsn, schema, run_tag, ttl, logs
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
-        self.killed: set[str] = set()
-        self.stopping = False
-
-    def log_path(self, worker_id: str) -> Path:
-        return self.logs / f"{self.run_tag}-{worker_id}.log"
-
-    async def start(self, worker_id: str) -> None:
-        with self.log_path(worker_id).open("wb") as log:
-            argv = worker_argv(
-                FACTORY,
-                dsn=self.dsn,
-                schema=self.schema,
-                worker_id=worker_id,
-                lease_ttl=self.ttl,
-                instances=INSTANCES,
-                log_level="info",
-            )
-            self.procs[worker_id] = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=BENCH_DIR, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                stderr=asyncio.subprocess.STDOUT, env={**os.environ, RUN_ENV: self.run_tag},
-                preexec_fn=_die_with_parent(),
-            )  # fmt: skip
-
-    async def kill(self, worker_id: str) -> None:
-        """SIGKILL the worker and reap it."""
-        self.killed.add(worker_id)
-        proc = self.procs[worker_id]
-        proc.kill()
-        await proc.wait()
-
-    def check(self) -> None:
-        """Raise if a worker exited that was neither killed nor asked to stop."""
-        if self.stopping:
-            return
-        for worker_id, proc in self.procs.items():
-            if proc.returncode is not None and worker_id not in self.killed:
-                raise RuntimeError(
-                    f"worker {worker_id} exited with {proc.returncode}:\n{self.tail(worker_id)}"
-                )
-
-    def tail(self, worker_id: str, lines: int = 25) -> str:
-        text = self.log_path(worker_id).read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def count(self, level: str) -> int:
-        """Lines logged at `level` (e.g. "ERROR") by any of the workers."""
-        return sum(
-            line.split(" ", 3)[2:3] == [level]
-            for worker_id in self.procs
-            for line in self.log_path(worker_id).read_text(errors="replace").splitlines()
-        )
-
-    async def stop_all(self, within: float = 30.0) -> dict[str, int | None]:
-        """SIGTERM every live worker (batches finished, leases released) and wait; exit codes
-        (a SIGKILLed one: -9; None: had to be killed after `within` s)."""
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                proc.terminate()
-        codes: dict[str, int | None] = {}
-        for worker_id, proc in self.procs.items():
-            try:
-                codes[worker_id] = await asyncio.wait_for(proc.wait(), within)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-                codes[worker_id] = None
-        return codes
-
-    async def kill_all(self) -> None:
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+def worker_processes(
+    dsn: str, schema: str, run_tag: str, ttl: float, logs: Path
+) -> WorkerProcesses:
+    """The worker subprocesses of one run, by worker id; logs in `logs/`. They run this
+    module's `projection` (cwd `BENCH_DIR`) and die with the benchmark."""
+    return WorkerProcesses(
+        FACTORY,
+        dsn=dsn,
+        schema=schema,
+        lease_ttl=ttl,
+        logs=logs,
+        log_prefix=f"{run_tag}-",
+        cwd=BENCH_DIR,
+        env={**os.environ, RUN_ENV: run_tag},
+        tied=True,
+        instances=INSTANCES,
+    )
 
 
 def balanced(status: FleetStatus, workers: int, instances: int, without: str | None = None) -> bool:
@@ -329,7 +244,7 @@ def describe(status: FleetStatus | None) -> str:
 
 async def wait_balanced(
     control: FleetControl,
-    fleet: Fleet,
+    fleet: WorkerProcesses,
     name: str,
     *,
     workers: int,
@@ -467,7 +382,7 @@ class Failover:
 class LiveFleet:
     """What the failover and rescale measurements share."""
 
-    def __init__(self, journal: Journal, fleet: Fleet, ttl: float) -> None:
+    def __init__(self, journal: Journal, fleet: WorkerProcesses, ttl: float) -> None:
         self.journal, self.fleet, self.ttl = journal, fleet, ttl
         self.control = FleetControl(journal)
         self.name = projection_name(LIVE)
@@ -478,7 +393,7 @@ class LiveFleet:
     async def add_worker(self) -> str:
         worker_id = f"w{self.next_worker}"
         self.next_worker += 1
-        await self.fleet.start(worker_id)
+        self.fleet.start(worker_id)
         return worker_id
 
     async def converge(self, instances: int = INSTANCES, without: str | None = None) -> FleetStatus:
@@ -504,7 +419,7 @@ async def failover_once(live: LiveFleet, conn: AsyncConnection[Any], number: int
     ).format(w=live.tables.fleet_worker, a=live.applied, l=live.tables.lease)
 
     started = time.perf_counter()
-    await live.fleet.kill(victim)
+    live.fleet.kill(victim)
     killed = await db_now(conn)  # reaped: nothing appended after this can be its work
     taken: dict[SliceRange, float] = {}
     done: dict[SliceRange, float] = {}
@@ -660,7 +575,7 @@ class LiveResults:
 async def run_live(dsn: str, config: Config, logs: Path) -> LiveResults:
     schema = fresh_schema("bench_fleet")
     settings = JournalSettings(schema=schema, pool_max_size=20)
-    fleet = Fleet(dsn, schema, LIVE, config.ttl, logs)
+    fleet = worker_processes(dsn, schema, LIVE, config.ttl, logs)
     try:
         async with Journal.connect(dsn, settings, create_schema=True) as journal:
             await create_applied(dsn, schema, LIVE, by_time=True)
@@ -707,13 +622,13 @@ async def run_live(dsn: str, config: Config, logs: Path) -> LiveResults:
             finally:
                 written = await writer.stop()
             checks = await live_checks(live, writer.appended)
-            codes = await fleet.stop_all()
+            codes = await asyncio.to_thread(fleet.stop_all)
             bad = {w: c for w, c in codes.items() if c != (-9 if w in fleet.killed else 0)}
             if bad:
                 checks.append(f"unexpected worker exit codes: {bad}")
             return LiveResults(steady, failovers, rescales, written, checks)
     finally:
-        await fleet.kill_all()
+        fleet.kill_all()
         await drop_schema(dsn, schema)
 
 
@@ -810,13 +725,13 @@ async def run_workers(
 ) -> tuple[TpRun, list[str]]:
     name = projection_name(run_tag)
     control = FleetControl(journal)
-    fleet = Fleet(journal.dsn, journal.settings.schema, run_tag, config.ttl, logs)
+    fleet = worker_processes(journal.dsn, journal.settings.schema, run_tag, config.ttl, logs)
     await ProjectionManagement(journal).pause(name)
     started = time.perf_counter()
     problems = []
     try:
         for i in range(workers):
-            await fleet.start(f"w{i + 1}")
+            fleet.start(f"w{i + 1}")
         await wait_balanced(control, fleet, name, workers=workers)
         startup = time.perf_counter() - started
         seconds = await timed_apply(journal, run_tag, total, fleet.check)
@@ -824,14 +739,14 @@ async def run_workers(
         restarts = sum(r.restarts for r in status.ranges)
         if restarts:
             problems.append(f"{run_tag}: {restarts} instance restart(s)")
-        codes = await fleet.stop_all()
+        codes = await asyncio.to_thread(fleet.stop_all)
         if any(code != 0 for code in codes.values()):
             problems.append(f"{run_tag}: worker exit codes {codes}")
         errors = fleet.count("ERROR")
         if errors:
             problems.append(f"{run_tag}: {errors} ERROR line(s) in the worker logs")
     finally:
-        await fleet.kill_all()
+        fleet.kill_all()
     return TpRun(total, seconds, startup), problems
 
 

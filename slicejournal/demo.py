@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import random
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,163 +25,31 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import attrs
 import psycopg
-from psycopg import AsyncConnection, sql
 
-from journal.aio.aggregate import AggregateRepository
 from journal.aio.journal import Journal
 from journal.dsn import display_dsn
 from journal.errors import JournalError, UnknownProjection
-from journal.model import EventEnvelope
-from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
-from journal.slices import PersistenceId, SliceRange, slice_ranges
+from journal.slices import SliceRange
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import Projection
 from projections.fleet.status import FleetStatus
 from projections.fleet.worker import WorkerApp
 from projections.settings import ProjectionSettings
 from slicejournal.demo_schema import claim_demo_schema
-from slicejournal.fleet_cli import aligned, owner_cell, worker_argv
+from slicejournal.examples.bank import (
+    APPLIED_TABLE,
+    BALANCES_TABLE,
+    ENTITY_TYPE,
+    BalancesReadModel,
+    BankWorkload,
+    bank_serializers,
+)
+from slicejournal.examples.worker_processes import WorkerProcesses
+from slicejournal.fleet_cli import aligned, owner_cell
 
-ENTITY_TYPE = "Account"
-READ_MODEL_TABLE = "balances"
-APPLIED_TABLE = "applied"
 PROJECTION = "balances"
-
-
-@attrs.frozen
-class Deposited:
-    amount: int
-
-
-@attrs.frozen
-class Withdrawn:
-    amount: int
-
-
-@attrs.frozen
-class Account:
-    balance: int = 0
-
-
-def evolve(state: Account, event: Any) -> Account:
-    if isinstance(event, Deposited):
-        return Account(state.balance + event.amount)
-    if isinstance(event, Withdrawn):
-        return Account(state.balance - event.amount)
-    raise TypeError(f"unknown event {event!r}")
-
-
-def bank_serializers() -> SerializerRegistry:
-    registry = SerializerRegistry()
-    registry.register(Deposited, "bank.Deposited")
-    registry.register(Withdrawn, "bank.Withdrawn")
-    registry.register(Account, "bank.Account")
-    return registry
-
-
-def decide(rng: random.Random) -> Any:
-    def command(state: Account) -> list[Any]:
-        amount = rng.randint(1, 100)
-        if state.balance >= amount and rng.random() < 0.4:
-            return [Withdrawn(amount)]
-        return [Deposited(amount)]
-
-    return command
-
-
-class BalancesReadModel:
-    """The projection's target: a row per account, and a row per applied event."""
-
-    def __init__(self, schema: str | None) -> None:
-        # schema None: unqualified names, resolved by search_path (what a rebuild needs).
-        qualify = (schema,) if schema is not None else ()
-        self.balances_table = sql.Identifier(*qualify, READ_MODEL_TABLE)
-        self.applied_table = sql.Identifier(*qualify, APPLIED_TABLE)
-        self.upsert = sql.SQL(
-            "INSERT INTO {t} (account, balance) VALUES (%s, %s) ON CONFLICT (account) "
-            "DO UPDATE SET balance = {t}.balance + excluded.balance"
-        ).format(t=self.balances_table)
-        self.insert_applied = sql.SQL(
-            "INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)"
-        ).format(self.applied_table)
-
-    async def create(self, conn: AsyncConnection[Any]) -> None:
-        await conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {b} "
-                "(account text PRIMARY KEY, balance bigint NOT NULL);"
-                "CREATE TABLE IF NOT EXISTS {a} (pid text NOT NULL, seq_nr bigint NOT NULL, "
-                "db_timestamp timestamptz NOT NULL, "
-                "applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            ).format(b=self.balances_table, a=self.applied_table)
-        )
-
-    def rows(self, envelopes: list[EventEnvelope]) -> tuple[list[Any], list[Any]]:
-        """The parameters of `upsert` (one delta per account) and `insert_applied`."""
-        deltas: dict[str, int] = {}
-        for env in envelopes:
-            event = env.event
-            delta = event.amount if isinstance(event, Deposited) else -event.amount
-            deltas[env.persistence_id] = deltas.get(env.persistence_id, 0) + delta
-        applied = [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envelopes]
-        return list(deltas.items()), applied
-
-    async def handle(self, conn: AsyncConnection[Any], envelopes: list[EventEnvelope]) -> None:
-        """A batch of events, in the transaction that also stores their offsets."""
-        upserts, applied = self.rows(envelopes)
-        async with conn.cursor() as cur:
-            await cur.executemany(self.upsert, upserts)
-            await cur.executemany(self.insert_applied, applied)
-
-    def handle_sync(self, conn: psycopg.Connection[Any], envelopes: list[EventEnvelope]) -> None:
-        """`handle` for a synchronous connection (the Spark executors)."""
-        upserts, applied = self.rows(envelopes)
-        with conn.cursor() as cur:
-            cur.executemany(self.upsert, upserts)
-            cur.executemany(self.insert_applied, applied)
-
-    async def balances(self, conn: AsyncConnection[Any]) -> dict[str, int]:
-        cur = await conn.execute(
-            sql.SQL("SELECT account, balance FROM {}").format(self.balances_table)
-        )
-        return {a: b for a, b in await cur.fetchall()}
-
-    async def applied(self, conn: AsyncConnection[Any]) -> tuple[int, int]:
-        """(rows, distinct events) in the applied table."""
-        cur = await conn.execute(
-            sql.SQL("SELECT count(*), count(DISTINCT (pid, seq_nr)) FROM {}").format(
-                self.applied_table
-            )
-        )
-        rows, distinct = await cur.fetchone() or (0, 0)
-        return int(rows), int(distinct)
-
-    async def missing(self, conn: AsyncConnection[Any], journal: sql.Identifier) -> int:
-        """Journal events of the demo's entity type that were never applied."""
-        cur = await conn.execute(
-            sql.SQL(
-                "SELECT count(*) FROM {j} e WHERE e.entity_type = %s AND NOT e.deleted "
-                "AND NOT EXISTS (SELECT 1 FROM {a} a WHERE a.pid = e.persistence_id "
-                "AND a.seq_nr = e.seq_nr)"
-            ).format(j=journal, a=self.applied_table),
-            (ENTITY_TYPE,),
-        )
-        return int((await cur.fetchone() or (0,))[0])
-
-    async def lag_ms(self, conn: AsyncConnection[Any]) -> tuple[float, float]:
-        """p50 and p99 of applied_at - db_timestamp, in milliseconds."""
-        cur = await conn.execute(
-            sql.SQL(
-                "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
-                "extract(epoch FROM applied_at - db_timestamp) * 1000) FROM {}"
-            ).format(self.applied_table)
-        )
-        row = await cur.fetchone()
-        values = row[0] if row and row[0] else [0.0, 0.0]
-        return float(values[0]), float(values[1])
 
 
 def balances_projection(journal: Journal, slice_range: SliceRange) -> Projection:
@@ -223,7 +89,7 @@ async def demo_journal(
     ) as journal:
         print(f"journal  PostgreSQL at {display_dsn(journal.dsn)}, schema {settings.schema!r}")
         async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
-            await claim_demo_schema(conn, settings, (READ_MODEL_TABLE, APPLIED_TABLE))
+            await claim_demo_schema(conn, settings, (BALANCES_TABLE, APPLIED_TABLE))
         await journal.create_schema()
         model = BalancesReadModel(settings.schema)
         async with journal.pool.connection() as conn:
@@ -231,114 +97,12 @@ async def demo_journal(
         yield journal, model
 
 
-@attrs.frozen
-class Verification:
-    """The read model checked against the aggregates and a replay of the journal."""
-
-    missing: int
-    mismatches: int
-    replay_events: int
-    replay_seconds: float
-
-
-class BankWorkload:
-    """Concurrent bank-account aggregates and the balances they say they hold."""
-
-    def __init__(self, journal: Journal, accounts: int) -> None:
-        self.repo: AggregateRepository[Account, Any] = AggregateRepository(
-            journal, initial=Account, evolve=evolve, snapshot_every=20
-        )
-        self.pids = [PersistenceId.of(ENTITY_TYPE, f"acc-{i}").id for i in range(accounts)]
-        self.expected: dict[str, int] = {}
-        self.written = 0
-
-    async def write(
-        self,
-        count: int,
-        writers: int,
-        *,
-        seed: int = 0,
-        on_write: Callable[[int], None] | None = None,
-    ) -> None:
-        """`count` commands spread over `writers` concurrent writers; `on_write(written)`
-        after each."""
-
-        async def writer(rng: random.Random, n: int) -> None:
-            for _ in range(n):
-                pid = rng.choice(self.pids)
-                loaded = await self.repo.update(pid, decide(rng))
-                self.expected[pid] = loaded.state.balance
-                self.written += 1
-                if on_write is not None:
-                    on_write(self.written)
-
-        shares = split_evenly(count, writers)
-        await asyncio.gather(*(writer(random.Random(seed + i), n) for i, n in enumerate(shares)))
-
-    async def verify(self, journal: Journal, model: BalancesReadModel) -> Verification:
-        async with journal.pool.connection() as conn:
-            balances = await model.balances(conn)
-            missing = await model.missing(conn, journal.tables.journal)
-        replayed, replay_events, replay_s = await _replay(journal)
-        mismatches = sum(
-            1
-            for pid, balance in self.expected.items()
-            if balances.get(pid) != balance or replayed.get(pid) != balance
-        )
-        return Verification(missing, mismatches, replay_events, replay_s)
-
-
-def split_evenly(total: int, parts: int) -> list[int]:
-    """`total` as `parts` counts that differ by at most one."""
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-class DemoFleet:
+def demo_fleet(dsn: str, schema: str) -> WorkerProcesses:
     """The demo's worker processes, their logs in a directory of their own."""
-
-    def __init__(self, dsn: str, schema: str) -> None:
-        self.dsn, self.schema = dsn, schema
-        self.logs = Path(tempfile.mkdtemp(prefix="slicejournal-demo-"))
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, worker_id: str) -> None:
-        log = (self.logs / f"{worker_id}.log").open("wb")
-        self.procs[worker_id] = subprocess.Popen(
-            worker_argv(
-                "slicejournal.demo:worker_app",
-                dsn=self.dsn,
-                schema=self.schema,
-                worker_id=worker_id,
-                lease_ttl=LEASE_TTL,
-                log_level="info",
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def kill(self, worker_id: str) -> None:
-        self.procs[worker_id].send_signal(signal.SIGKILL)
-        self.procs[worker_id].wait()
-
-    def stop(self) -> dict[str, int | None]:
-        """SIGTERM: each worker finishes its batches, saves offsets and releases its leases."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        codes: dict[str, int | None] = {}
-        for worker_id, p in self.procs.items():
-            try:
-                codes[worker_id] = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes[worker_id] = None
-        return codes
-
-    def tail(self, worker_id: str, lines: int = 15) -> str:
-        text = (self.logs / f"{worker_id}.log").read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+    logs = Path(tempfile.mkdtemp(prefix="slicejournal-demo-"))
+    return WorkerProcesses(
+        "slicejournal.demo:worker_app", dsn=dsn, schema=schema, lease_ttl=LEASE_TTL, logs=logs
+    )
 
 
 def _table(status: FleetStatus) -> str:
@@ -351,15 +115,15 @@ def _table(status: FleetStatus) -> str:
 
 async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Namespace) -> int:
     async with demo_journal(dsn, settings) as (journal, model):
-        fleet = DemoFleet(journal.dsn, settings.schema)
+        fleet = demo_fleet(journal.dsn, settings.schema)
         try:
             ok = await _run(journal, model, fleet, args)
         except BaseException:
-            fleet.stop()
+            fleet.stop_all()
             for worker_id in fleet.procs:
                 print(f"--- last lines of {worker_id} ({fleet.logs}):\n{fleet.tail(worker_id)}")
             raise
-        codes = fleet.stop()
+        codes = fleet.stop_all()
         bad = {w: c for w, c in codes.items() if c not in (0, -signal.SIGKILL)}
         if bad:
             print(f"workers that did not stop cleanly: {bad}; logs in {fleet.logs}")
@@ -369,7 +133,7 @@ async def run_demo(dsn: str | None, settings: JournalSettings, args: argparse.Na
 
 
 async def _run(
-    journal: Journal, model: BalancesReadModel, fleet: DemoFleet, args: argparse.Namespace
+    journal: Journal, model: BalancesReadModel, fleet: WorkerProcesses, args: argparse.Namespace
 ) -> bool:
     control = FleetControl(journal)
     bank = BankWorkload(journal, args.accounts)
@@ -507,16 +271,3 @@ async def _wait_projected(
                 f"({distinct} of {written} events projected)"
             )
         await asyncio.sleep(0.1)
-
-
-async def _replay(journal: Journal) -> tuple[dict[str, int], int, float]:
-    replayed: dict[str, int] = {}
-    started = time.perf_counter()
-    events = 0
-    for r in slice_ranges(4):
-        async for env in journal.current_events_by_slices(ENTITY_TYPE, r.min_slice, r.max_slice):
-            replayed[env.persistence_id] = evolve(
-                Account(replayed.get(env.persistence_id, 0)), env.event
-            ).balance
-            events += 1
-    return replayed, events, time.perf_counter() - started

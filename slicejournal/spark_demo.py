@@ -20,17 +20,14 @@ from typing import Any
 from journal.errors import JournalError
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
-from slicejournal.demo import (
+from slicejournal.demo import PROJECTION, _wait_projected, balances_projection, demo_journal
+from slicejournal.examples.bank import (
     APPLIED_TABLE,
+    BALANCES_TABLE,
     ENTITY_TYPE,
-    PROJECTION,
-    READ_MODEL_TABLE,
     BalancesReadModel,
     BankWorkload,
-    _wait_projected,
-    balances_projection,
     bank_serializers,
-    demo_journal,
 )
 
 
@@ -74,7 +71,7 @@ async def run_spark_demo(
                   f"one transaction each) in {spent:.1f} s")  # fmt: skip
 
             started = time.perf_counter()
-            tables = [f"{settings.schema}.{t}" for t in (READ_MODEL_TABLE, APPLIED_TABLE)]
+            tables = [f"{settings.schema}.{t}" for t in (BALANCES_TABLE, APPLIED_TABLE)]
             result = await asyncio.to_thread(
                 rebuild, spark, handler=BalancesReadModel(None).handle_sync, tables=tables,
                 **common,
