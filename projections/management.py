@@ -20,6 +20,7 @@ import attrs
 
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange
+from projections.backlog import Backlog
 
 
 @attrs.frozen
@@ -33,10 +34,14 @@ class RangeStatus:
     # Where an instance for this range would resume: the earliest of its
     # slices' latest rows (None = from the beginning: a slice has no row).
     resume_from: datetime | None = None
+    # The events of the range not handled yet, and how long the oldest has waited
+    # (projections/backlog.py): what `slicejournal status` and the metrics show.
+    backlog: Backlog | None = None
 
     @property
     def lag(self) -> timedelta | None:
-        """How far the stored offset is behind the newest event of the range."""
+        """How far the stored offset is behind the newest event of the range (the journal's
+        head minus the latest offset; see `backlog` for what has been waiting, and how long)."""
         if self.journal_head is None:
             return timedelta(0)
         if self.latest_offset is None:

@@ -56,6 +56,24 @@ class ManagementSql:
             "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
             "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
         ).format(j=t.journal)
+        # The backlog of a range (see projections/backlog.py): the database's now(), the
+        # oldest event newer than its slice's latest stored offset, and how many such
+        # events there are, counted up to %(cap)s. One index probe per slice for the
+        # latest offset and the oldest event; the count stops at the cap.
+        self.backlog = sql.SQL(
+            "WITH stored AS MATERIALIZED ("
+            "  SELECT s.slice, coalesce((SELECT max(timestamp_offset) FROM {o} "
+            "    WHERE projection_name = %(name)s AND slice = s.slice), '-infinity') AS latest "
+            "  FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice)) "
+            "SELECT now(), "
+            " (SELECT min(w.ts) FROM stored, LATERAL (SELECT db_timestamp AS ts FROM {j} "
+            "   WHERE slice = stored.slice AND entity_type = %(et)s "
+            "   AND db_timestamp > stored.latest AND NOT deleted "
+            "   ORDER BY db_timestamp LIMIT 1) AS w), "
+            " (SELECT count(*) FROM (SELECT 1 FROM stored, LATERAL (SELECT 1 FROM {j} "
+            "   WHERE slice = stored.slice AND entity_type = %(et)s "
+            "   AND db_timestamp > stored.latest AND NOT deleted) AS e LIMIT %(cap)s) AS c)"
+        ).format(o=t.offset_store, j=t.journal)
 
     def paused_keys_of(self, name: str) -> Statement:
         """The keys ("*" or "min-max") under which `name` is paused."""

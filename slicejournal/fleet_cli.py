@@ -28,6 +28,7 @@ from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
+from projections.backlog import Backlog
 from projections.fleet.status import FleetStatus, LeaseStatus, orphan_message
 
 _log = logging.getLogger("slicejournal.projections.fleet")
@@ -197,17 +198,25 @@ def owner_cell(r: LeaseStatus, none: str = "(none)") -> str:
     return r.owner if r.running else f"{r.owner} (starting)"
 
 
+def backlog_cells(backlog: Backlog | None) -> tuple[str, str]:
+    """The backlog's age and size as `status` shows them ("-": not known)."""
+    if backlog is None:
+        return "-", "-"
+    return f"{backlog.age_seconds:.1f}s", f"{backlog.size}{'+' if backlog.capped else ''}"
+
+
 def format_status(status: FleetStatus) -> str:
-    head = ("range", "owner", "epoch", "lag", "paused", "resume_from", "restarts", "last_error")
+    head = ("range", "owner", "epoch", "backlog_age", "backlog", "paused", "resume_from",
+            "restarts", "last_error")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for r in status.ranges:
-        lag = "-" if r.lag is None else f"{r.lag.total_seconds():.1f}s"
+        age, size = backlog_cells(r.backlog)
         resume = "-" if r.resume_from is None else r.resume_from.isoformat(timespec="milliseconds")
         owner = owner_cell(r, f"(none for {r.unowned_for:.0f}s)")
         # Whole (the last column, it widens no other), on one line: a handler's failure
         # reads "ProjectionError: projection NAME RANGE failed on PID seq_nr N ...: CAUSE".
         error = " ".join((r.last_error or "-").split())
-        rows.append((str(r.slice_range), owner, str(r.epoch or "-"), lag,
+        rows.append((str(r.slice_range), owner, str(r.epoch or "-"), age, size,
                      "yes" if r.paused else "no", resume, str(r.restarts), error))  # fmt: skip
     lines = [
         f"projection {status.name} (entity type {status.entity_type}): {status.instances} "
@@ -325,7 +334,7 @@ def add_fleet_parsers(
                    help="seconds to wait for convergence (default 120)")  # fmt: skip
     p.set_defaults(func=cmd_scale)
 
-    p = sub.add_parser("status", parents=[common], help="ranges, owners, epochs, lag",
+    p = sub.add_parser("status", parents=[common], help="ranges, owners, epochs, backlog",
                        description="One line per range of the current split. Exits 3 if a "
                        "range has had no owner for longer than twice the lease TTL.")  # fmt: skip
     p.add_argument("name")

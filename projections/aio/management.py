@@ -20,7 +20,8 @@ from psycopg import AsyncConnection
 from journal.aio.journal import Journal
 from journal.errors import UnknownProjection
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
-from projections.aio.offset_dao import OffsetDao, range_is_paused
+from projections.aio.offset_dao import OffsetDao, range_is_paused, read_backlog
+from projections.backlog import Backlog
 from projections.management import (
     DeadLetter,
     RangeStatus,
@@ -85,7 +86,7 @@ class ProjectionManagement:
     async def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
-        """Latest stored offset, journal head and paused state per slice range.
+        """Latest stored offset, journal head, backlog and paused state per slice range.
 
         Raises `UnknownProjection` if no projection of that name has stored an
         offset, been paused or resumed, or dead-lettered an envelope: a typo in
@@ -106,8 +107,19 @@ class ProjectionManagement:
                 )
                 head = (await cur.fetchone() or (None,))[0]
                 paused = await range_is_paused(conn, self._sql, name, r)
-                out.append(RangeStatus(r, latest, head, paused, resume_from))
+                backlog = await read_backlog(conn, self._sql, name, entity_type, r)
+                out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
+
+    async def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
+        """The events of the range the projection has not handled yet: how many, and how
+        long the oldest has waited (0 when caught up, however quiet the journal)."""
+        validate_name(name)
+        validate_entity_type(entity_type)
+        async with self._journal.pool.connection() as conn:
+            return await read_backlog(
+                conn, self._sql, name, entity_type, SliceRange.check(slice_range)
+            )
 
     async def require_known(self, name: str) -> None:
         """`UnknownProjection` unless the projection stored an offset, was paused or

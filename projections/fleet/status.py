@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import attrs
 
 from journal.slices import SliceRange
+from projections.backlog import Backlog
 from projections.management import RangeStatus
 
 
@@ -31,6 +32,11 @@ class LeaseStatus:
     @property
     def lag(self) -> timedelta | None:
         return None if self.progress is None else self.progress.lag
+
+    @property
+    def backlog(self) -> Backlog | None:
+        """The range's events not handled yet, and the age of the oldest."""
+        return None if self.progress is None else self.progress.backlog
 
     @property
     def paused(self) -> bool:

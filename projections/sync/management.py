@@ -22,6 +22,7 @@ from psycopg import Connection
 from journal.errors import UnknownProjection
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
+from projections.backlog import Backlog
 from projections.management import (
     DeadLetter,
     RangeStatus,
@@ -30,7 +31,7 @@ from projections.management import (
 )
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
-from projections.sync.offset_dao import OffsetDao, range_is_paused
+from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog
 
 
 class SyncProjectionManagement:
@@ -87,7 +88,7 @@ class SyncProjectionManagement:
     def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
-        """Latest stored offset, journal head and paused state per slice range.
+        """Latest stored offset, journal head, backlog and paused state per slice range.
 
         Raises `UnknownProjection` if no projection of that name has stored an
         offset, been paused or resumed, or dead-lettered an envelope: a typo in
@@ -108,8 +109,17 @@ class SyncProjectionManagement:
                 )
                 head = (cur.fetchone() or (None,))[0]
                 paused = range_is_paused(conn, self._sql, name, r)
-                out.append(RangeStatus(r, latest, head, paused, resume_from))
+                backlog = read_backlog(conn, self._sql, name, entity_type, r)
+                out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
+
+    def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
+        """The events of the range the projection has not handled yet: how many, and how
+        long the oldest has waited (0 when caught up, however quiet the journal)."""
+        validate_name(name)
+        validate_entity_type(entity_type)
+        with self._journal.pool.connection() as conn:
+            return read_backlog(conn, self._sql, name, entity_type, SliceRange.check(slice_range))
 
     def require_known(self, name: str) -> None:
         """`UnknownProjection` unless the projection stored an offset, was paused or

@@ -5,8 +5,8 @@
 Saving happens on the caller's connection so exactly-once handlers commit
 their writes and the offsets in one transaction. The sync twin is generated
 from this module; both run exactly the statements `projections.offset_sql`
-builds. The runner's two management statements (the
-pause check, dead letters) are executed here too, so the runner never imports
+builds. The runner's management statements (the pause check, dead
+letters, the backlog reading) are executed here too, so the runner never imports
 the operators' module.
 """
 
@@ -21,6 +21,7 @@ from psycopg import Connection, RawCursor
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
 from journal.tables import Tables
+from projections.backlog import DEFAULT_SIZE_CAP, Backlog, measure
 from projections.fencing import Fence
 from projections.management_sql import ManagementSql, pauses
 from projections.offset_sql import OffsetSql, Statement, records_of
@@ -93,3 +94,20 @@ def insert_dead_letters(
     """One dead-letter row per envelope, on the caller's transaction."""
     for statement in statements.dead_letters_of(name, key, envelopes, error):
         conn.execute(statement.query, statement.params)
+
+
+def read_backlog(
+    conn: Connection[Any],
+    statements: ManagementSql,
+    name: str,
+    entity_type: str,
+    slices: SliceRange,
+    cap: int = DEFAULT_SIZE_CAP,
+) -> Backlog:
+    """The range's backlog (projections/backlog.py): one statement, measured by `measure`."""
+    params = {"name": name, "et": entity_type, "lo": slices.min_slice, "hi": slices.max_slice,
+              "cap": cap}  # fmt: skip
+    cur = conn.execute(statements.backlog, params)
+    now, oldest, unhandled = cur.fetchone() or (None, None, 0)
+    assert now is not None
+    return measure(now, oldest, int(unhandled), cap)
