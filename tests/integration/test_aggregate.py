@@ -22,8 +22,8 @@ from journal import (
     SerializerRegistry,
     slice_for,
 )
-from tests.bank_events import Deposited, Withdrawn
-from tests.pg import Row, fetch
+from slicejournal.examples.bank import Deposited, Withdrawn
+from tests.support.pg import Row, fetch
 
 Event = Deposited | Withdrawn
 

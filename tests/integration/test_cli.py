@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import fresh_schema_name
+from tests.support.pg import fresh_schema_name
 
 CLI = [sys.executable, "-m", "slicejournal.cli"]
 
@@ -50,9 +50,12 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
             "projection_fleet",
             "projection_fleet_worker",
             "projection_lease",
+            "slicejournal_schema_version",
         }
+        assert "step(s) applied" in first.stdout and "applied journal 0001_journal" in first.stdout
         second = run(["init", "--dsn", pg_dsn, "--schema", schema])
         assert second.returncode == 0, second.stderr
+        assert "(0 step(s) applied)" in second.stdout
         with psycopg.connect(pg_dsn) as conn:
             indexes = conn.execute(
                 "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import drop_test_schema, fresh_schema_name
+from tests.support.pg import drop_test_schema, fresh_schema_name
 
 SMALL = ["--events", "30", "--accounts", "5", "--writers", "2"]
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def dev(*args: str) -> subprocess.CompletedProcess[str]:

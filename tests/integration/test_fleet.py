@@ -28,10 +28,9 @@ from projections.aio.fleet_control import FleetControl
 from projections.fencing import Fence
 from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus
-from tests import bank, fleet_app
-from tests.conftest import fast_query_settings
-from tests.fleet_procs import ROOT, TTL, Fleet
-from tests.pg import fetch
+from tests.support import ROOT, bank
+from tests.support.fleet import NAME, TTL, Fleet
+from tests.support.pg import fast_query_settings, fetch
 
 
 @pytest.fixture
@@ -53,7 +52,7 @@ async def cli(*args: str, dsn: str, schema: str) -> tuple[int, str]:
 
 
 async def owners(control: FleetControl) -> FleetStatus:
-    return await control.status(fleet_app.NAME)
+    return await control.status(NAME)
 
 
 @pytest.mark.slow
@@ -71,7 +70,7 @@ async def test_fleet_rescales_loses_workers_and_applies_every_event_once(
         """Converged and balanced over the live workers (`workers` of them), and (after a
         kill or a freeze) with `without` owning nothing."""
         for _ in range(300):
-            status = await control.wait_converged(fleet_app.NAME, timeout=60, interval=0.2)
+            status = await control.wait_converged(NAME, timeout=60, interval=0.2)
             owners = [r.owner for r in status.ranges]
             counts = [owners.count(w) for w in status.workers]
             if (
@@ -84,7 +83,7 @@ async def test_fleet_rescales_loses_workers_and_applies_every_event_once(
         raise AssertionError(f"not converged and balanced: {status}")
 
     async def scale(n: int) -> None:
-        code, out = await cli("scale", fleet_app.NAME, str(n), "--timeout", "60",
+        code, out = await cli("scale", NAME, str(n), "--timeout", "60",
                               dsn=pg_dsn, schema=schema)  # fmt: skip
         assert code == 0, out
         assert f"converged on {n} ranges" in out
@@ -92,7 +91,7 @@ async def test_fleet_rescales_loses_workers_and_applies_every_event_once(
     async def registered() -> None:
         while True:
             with contextlib.suppress(Exception):
-                await control.status(fleet_app.NAME)
+                await control.status(NAME)
                 return
             await asyncio.sleep(0.2)
 

@@ -27,10 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 from journal import Journal
-from tests import bank
-from tests.pg import fetch
+from tests.support import ROOT, bank
+from tests.support.pg import fetch
 
-ROOT = Path(__file__).resolve().parent.parent
 # The console script, so that `worker MODULE:ATTR` finds `tests` through the working
 # directory as a user's application would (not through `python -m`'s sys.path[0]).
 CLI = [str(Path(sys.executable).parent / "slicejournal")]
@@ -45,8 +44,8 @@ from psycopg import sql
 
 from journal import BacktrackingSettings
 from projections import Projection, ProjectionSettings
-from tests import bank
-from tests.conftest import fast_query_settings
+from tests.support import ROOT, bank
+from tests.support.pg import fast_query_settings
 
 calls = 0
 
@@ -327,7 +326,7 @@ async def test_a_live_worker_shows_in_status_and_metrics_and_releases_on_sigterm
     assert total > 0
     port = free_port()
     worker = await start_worker(
-        "tests.fleet_app:balances", "--worker-id", "worker-a", "--metrics-port", str(port)
+        "tests.support.fleet:balances", "--worker-id", "worker-a", "--metrics-port", str(port)
     )
 
     async def all_applied() -> bool:

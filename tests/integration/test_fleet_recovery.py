@@ -20,16 +20,16 @@ import pytest
 from journal import Journal, JournalSettings
 from projections.aio.fleet_control import FleetControl
 from slicejournal.embedded import EmbeddedPostgres
-from tests import bank, fleet_app
-from tests.conftest import fast_query_settings
-from tests.fleet_procs import TTL, Fleet
+from tests.support import bank
+from tests.support.fleet import NAME, TTL, Fleet
+from tests.support.pg import fast_query_settings
 
 
 async def fleet_recovered(journal: Journal, fleet: Fleet) -> None:
     """Every event applied exactly once, every range owned by one of the workers again,
     and no worker process died."""
     await bank.assert_applied_exactly_once(journal)
-    status = await FleetControl(journal).wait_converged(fleet_app.NAME, timeout=60)
+    status = await FleetControl(journal).wait_converged(NAME, timeout=60)
     assert {r.owner for r in status.ranges} <= set(fleet.procs)
     assert fleet.alive() == list(fleet.procs), "a worker process died"
 

@@ -18,11 +18,8 @@ from projections import (
     ProjectionManagement,
     RecoveryStrategy,
 )
-from tests import bank
-from tests.test_management import eventually
-from tests.test_projections import FAST, bank_journal, whole_range
-
-__all__ = ["bank_journal"]  # the fixture, re-used
+from tests.support import bank
+from tests.support.projections import FAST, eventually, whole_range
 
 LOGGER = "slicejournal.projections"
 

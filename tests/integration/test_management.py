@@ -37,8 +37,9 @@ from projections import (
 )
 from projections.aio.offset_dao import OffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR
-from tests import bank
-from tests.conftest import fast_query_settings
+from tests.support import bank
+from tests.support.pg import fast_query_settings
+from tests.support.projections import eventually
 
 NAME = "balances"
 ALL = SliceRange(0, 1023)
@@ -104,23 +105,6 @@ async def running(*projections: Projection) -> AsyncIterator[None]:
         for p in projections:
             await p.stop()
         await asyncio.gather(*tasks)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str, within: float = 30.0
-) -> None:
-    """Poll `check` until it is true; fail (naming `what`) if it never becomes true."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def applied(j: Journal) -> set[tuple[str, int]]:

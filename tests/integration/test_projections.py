@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -15,11 +14,8 @@ import pytest
 from psycopg import sql
 
 from journal import (
-    BacktrackingSettings,
     DeserializationError,
     Journal,
-    JournalSettings,
-    SliceRange,
     slice_for,
     slice_ranges,
 )
@@ -31,51 +27,12 @@ from projections import (
     ProjectionSettings,
     RecoveryStrategy,
 )
-from tests import bank
-from tests.conftest import fast_query_settings
-
-FAST = ProjectionSettings(
-    management_poll_interval=0.2,
-    cleanup_interval=1.0,
-    group_after_duration=0.1,
-    save_offset_after_duration=0.1,
-    progress_interval=0.5,
+from tests.support import ROOT, bank
+from tests.support.projections import (
+    FAST,
+    assert_exact,
+    whole_range,
 )
-
-
-def journal_settings(schema: str) -> JournalSettings:
-    return JournalSettings(
-        schema=schema,
-        pool_max_size=30,
-        query=fast_query_settings(
-            buffer_size=100, backtracking=BacktrackingSettings(window=20, behind_current_time=6)
-        ),
-    )
-
-
-@pytest.fixture
-async def bank_journal(pg_dsn: str, schema: str) -> AsyncIterator[Journal]:
-    async with Journal.connect(pg_dsn, journal_settings(schema), create_schema=True) as j:
-        await bank.create_read_model(j)
-        yield j
-
-
-async def assert_exact(j: Journal) -> None:
-    await bank.wait_until_projected(j)
-    balances, applied, distinct = await bank.projected(j)
-    assert applied == distinct == await bank.journal_count(j)
-    assert balances == await bank.expected_balances(j)
-
-
-def whole_range(
-    factory: Any, j: Journal, handler: Any, *, name: str = "balances", **options: Any
-) -> Projection:
-    """One instance over all slices of the bank entity, with the fast test settings."""
-    options.setdefault("settings", FAST)
-    return factory(
-        j, name=name, entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
-        handler=handler, **options,
-    )  # fmt: skip
 
 
 def exactly_once_group(j: Journal, n: int, **options: Any) -> ProjectionGroup:
@@ -360,19 +317,16 @@ async def test_at_least_once_never_loses_events(bank_journal: Journal) -> None:
     assert (bank.account(100_000), 1) in seen
 
 
-WORKER = os.path.join(os.path.dirname(__file__), "projection_worker.py")
-
-
 @pytest.mark.slow
 async def test_sigkill_mid_batch_then_restart_is_exact(bank_journal: Journal, pg_dsn: str) -> None:
     j = bank_journal
     writers = bank.Writers(j, 300, late_fraction=0.0, seed=6)
     writers.start(writers=4, max_batches=80)
     await writers.wait()
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(WORKER))}
-    args = [sys.executable, WORKER, pg_dsn, j.settings.schema]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "tests.support.projection_worker", pg_dsn, j.settings.schema]
     for _ in range(3):
-        proc = await asyncio.create_subprocess_exec(*args, env=env)
+        proc = await asyncio.create_subprocess_exec(*args, env=env, cwd=ROOT)
         # Kill it once it has applied something but before it is done.
         for _ in range(400):
             _, applied, _ = await bank.projected(j)
@@ -381,7 +335,7 @@ async def test_sigkill_mid_batch_then_restart_is_exact(bank_journal: Journal, pg
             await asyncio.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-    proc = await asyncio.create_subprocess_exec(*args, env=env)
+    proc = await asyncio.create_subprocess_exec(*args, env=env, cwd=ROOT)
     try:
         await assert_exact(j)
     finally:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 

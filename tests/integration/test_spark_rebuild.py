@@ -14,8 +14,8 @@ from journal.errors import InvalidArgument
 from journal.slices import SliceRange
 from projections import Projection
 from projections.spark import rebuild
-from tests import bank
-from tests.spark_app import unqualified_handler
+from tests.support import bank
+from tests.support.spark import unqualified_handler
 
 
 @pytest.mark.timeout(300)

@@ -16,8 +16,8 @@ from journal import Journal
 from journal.slices import SliceRange
 from projections import Projection
 from projections.spark import ProjectionBusy, project
-from tests import bank
-from tests.spark_app import bank_handler, dying_handler
+from tests.support import bank
+from tests.support.spark import bank_handler, dying_handler
 
 NAME = "balances"
 

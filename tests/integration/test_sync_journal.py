@@ -27,8 +27,8 @@ from journal import (
     SyncJournal,
     slice_for,
 )
-from tests.bank_events import Deposited, Withdrawn
-from tests.conftest import fresh_schema_name
+from slicejournal.examples.bank import Deposited, Withdrawn
+from tests.support.pg import fresh_schema_name
 
 ENTITY = "Sync"
 

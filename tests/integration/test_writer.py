@@ -34,7 +34,7 @@ from journal import (
     entity_type_of,
     slice_for,
 )
-from tests.pg import Row, fetch
+from tests.support.pg import Row, fetch
 
 # -- helpers ------------------------------------------------------------------
 
@@ -260,16 +260,6 @@ async def test_bad_input_fails_before_touching_the_database(
                 pytest.fail(f"{case}: no error")
     assert await count_rows(pg_dsn, schema) == 1
     assert await journal.highest_seq_nr("Ok|1") == 1
-
-
-def test_persistence_id_length_limit_is_inclusive() -> None:
-    from journal.slices import validate_persistence_id
-
-    ok = "A|" + "x" * 253
-    assert len(ok) == 255
-    assert validate_persistence_id(ok) == ok
-    with pytest.raises(InvalidPersistenceId):
-        validate_persistence_id(ok + "x")
 
 
 # -- delete_events_to ---------------------------------------------------------------

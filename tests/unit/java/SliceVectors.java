@@ -3,7 +3,7 @@
  *
  * Regenerate (from the repository root):
  *
- *   javac -d /tmp/sv tests/java/SliceVectors.java && java -cp /tmp/sv SliceVectors > tests/data/slice_vectors.tsv
+ *   javac -d /tmp/sv tests/unit/java/SliceVectors.java && java -cp /tmp/sv SliceVectors > tests/unit/data/slice_vectors.tsv
  *
  * Output: one line per test string, tab separated:
  *

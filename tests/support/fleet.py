@@ -1,0 +1,59 @@
+"""The projection the fleet tests run in `slicejournal worker` subprocesses, and the
+processes that run it.
+
+`tests.support.fleet:balances` is the factory `(journal, slice_range) -> Projection`:
+the bank read model's grouped exactly-once handler, whose `applied(pid, seq_nr)`
+primary key (unless the test created the read model without one) makes any
+event applied twice an error the test sees. `worker_processes` starts it in
+workers of one schema, by worker id, with the tests' lease TTL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from journal import BacktrackingSettings, Journal, SliceRange
+from projections import Projection, ProjectionSettings
+from slicejournal.examples.worker_processes import WorkerProcesses
+from tests.support import ROOT, bank
+from tests.support.pg import fast_query_settings
+
+NAME = "balances"
+TARGET = "tests.support.fleet:balances"
+TTL = 2.0
+
+
+def balances(journal: Journal, slice_range: SliceRange) -> Projection:
+    return Projection.grouped(
+        journal,
+        name=NAME,
+        entity_type=bank.ENTITY,
+        slice_range=slice_range,
+        handler=bank.make_grouped_handler(journal),
+        settings=ProjectionSettings(
+            group_after_envelopes=20, group_after_duration=0.1, management_poll_interval=0.5
+        ),
+        # Late commits in the tests stay open up to 5 s: backtrack behind that.
+        query_settings=fast_query_settings(
+            buffer_size=100, backtracking=BacktrackingSettings(window=20, behind_current_time=6)
+        ),
+    )
+
+
+class Fleet(WorkerProcesses):
+    """Workers running `balances` on `schema`, logs in `logs`; `stop_all` waits 20 s."""
+
+    def __init__(self, dsn: str, schema: str, logs: Path) -> None:
+        super().__init__(
+            TARGET,
+            dsn=dsn,
+            schema=schema,
+            lease_ttl=TTL,
+            logs=logs,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    def stop_all(self, within: float = 20.0) -> dict[str, int | None]:
+        return super().stop_all(within)

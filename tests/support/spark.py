@@ -1,0 +1,50 @@
+"""The bank read model's handlers for Spark executors (sync psycopg), importable by them.
+
+Executors unpickle these: each is a `functools.partial` of a function of this
+module, which they import from the project root on their PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from typing import Any
+
+from psycopg import Connection
+
+from journal import EventEnvelope
+from slicejournal.examples.bank import BalancesReadModel
+
+
+def _apply(schema: str | None, conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+    # schema None: unqualified names, resolved by search_path (what a rebuild needs).
+    BalancesReadModel(schema).handle_sync(conn, envs)
+
+
+def bank_handler(schema: str) -> Any:
+    """Applies bank events to `schema`.balances and records each in `schema`.applied."""
+    return functools.partial(_apply, schema)
+
+
+def unqualified_handler() -> Any:
+    """The bank handler naming its tables unqualified (what a rebuild needs)."""
+    return functools.partial(_apply, None)
+
+
+def _apply_or_die(
+    schema: str, marker: str, conn: Connection[Any], envs: list[EventEnvelope]
+) -> None:
+    _apply(schema, conn, envs)
+    try:
+        os.unlink(marker)
+    except FileNotFoundError:
+        return
+    # The handler's writes are in, the offsets not yet: the Python worker dies here.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dying_handler(schema: str, marker: str) -> Any:
+    """The bank handler that SIGKILLs its own Spark Python worker, mid-transaction,
+    the first time it runs while `marker` exists."""
+    return functools.partial(_apply_or_die, schema, marker)
