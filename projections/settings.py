@@ -27,5 +27,8 @@ class ProjectionSettings:
     management_poll_interval: timedelta = duration_field(timedelta(seconds=1), allow_zero=False)
     # Progress markers of quiet slices are refreshed at most this often.
     progress_interval: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+    # How often a running instance reads its range's backlog for its telemetry (only
+    # when the telemetry asks for samples: never with telemetry off).
+    backlog_sample_interval: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
     # Envelopes buffered between the stream and the handler.
     buffer: int = attrs.field(default=1000, validator=_positive_int)

@@ -2,11 +2,13 @@
 
 What is stored and how (the statement, its parameters, the envelopes it
 returns) is decided in `journal/writer.py`; this module only executes it, and
-records the change for the post-commit notification.
+records the change for the post-commit notification. Each append reports to
+the process's telemetry (`journal/telemetry.py`) when one is installed.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +22,13 @@ from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
 from journal.serialization import SerializerRegistry
 from journal.tables import Tables
+from journal.telemetry import (
+    APPEND_CONFLICT,
+    APPEND_ERROR,
+    APPEND_OK,
+    NO_WRITE_TELEMETRY,
+    current_telemetry,
+)
 from journal.writer import (
     PreparedAppend,
     WriterSql,
@@ -51,6 +60,27 @@ class EventWriter:
         self, batch: PreparedAppend, conn: AsyncConnection[Any] | None = None
     ) -> list[EventEnvelope]:
         """Store a prepared batch; in `conn`'s transaction if given, else on its own."""
+        telemetry = current_telemetry()
+        if telemetry is NO_WRITE_TELEMETRY:
+            return await self._append(batch, conn)
+        events = len(batch.payloads)
+        started = telemetry.append_started(batch.entity_type, events)
+        began = time.perf_counter()
+        outcome = APPEND_ERROR
+        try:
+            appended = await self._append(batch, conn)
+            outcome = APPEND_OK
+            return appended
+        except ConcurrencyError:
+            outcome = APPEND_CONFLICT
+            raise
+        finally:
+            elapsed = time.perf_counter() - began
+            telemetry.append_ended(started, batch.entity_type, events, elapsed, outcome)
+
+    async def _append(
+        self, batch: PreparedAppend, conn: AsyncConnection[Any] | None
+    ) -> list[EventEnvelope]:
         statement = self._sql.append_statement(batch, self._writer_id)
         if conn is not None:
             if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
@@ -63,6 +93,7 @@ class EventWriter:
                 if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
                 if self._notifier is not None:
+                    current_telemetry().notified(batch.entity_type)
                     await send_notification(
                         conn,
                         self._tables.notify_channel,
@@ -81,6 +112,7 @@ class EventWriter:
                     actual = await self.highest_seq_nr(batch.persistence_id, own)
                     raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
             if self._notifier is not None:
+                current_telemetry().notified(batch.entity_type)
                 self._notifier.changed(batch.entity_type, batch.slice)
         return appended_envelopes(batch, stored_at, self._writer_id)
 

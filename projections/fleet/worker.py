@@ -48,6 +48,7 @@ from projections.fencing import Fence
 from projections.fleet.assignment import LeaseRow, plan
 from projections.fleet.lease_sql import FleetSql, lease_rows
 from projections.names import validate_name
+from projections.telemetry import Telemetry, telemetry_for_runner
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
@@ -120,9 +121,16 @@ class FleetWorker:
     """Runs the ranges of one projection this worker holds, until `stop()`."""
 
     def __init__(
-        self, journal: Journal, factory: Factory, settings: WorkerSettings | None = None
+        self,
+        journal: Journal,
+        factory: Factory,
+        settings: WorkerSettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.journal = journal
+        # Lease events go here; the instances report to their own (the process's unless
+        # the factory gives them one).
+        self.telemetry = telemetry_for_runner(telemetry)
         self.factory = factory
         self.settings = settings or WorkerSettings()
         probe = factory(journal, SliceRange.FULL)  # construction only: learns name and entity type
@@ -226,6 +234,7 @@ class FleetWorker:
             return
         del self.instances[r]
         instance.lost = True
+        self.telemetry.lease_lost(self.name, r.key, self.me, why)
         _log.warning("worker %s lost range %s of %s: %s; instance stopped", self.me, r,
                      self.name, why)  # fmt: skip
         if instance.task is not None and instance.task is not asyncio.current_task():
@@ -334,6 +343,7 @@ class FleetWorker:
         instance = HeldRange(r, fence)
         self.instances[r] = instance
         instance.task = asyncio.create_task(self._supervise(instance), name=f"fleet {r}")
+        self.telemetry.lease_claimed(self.name, r.key, self.me, epoch)
         _log.info("worker %s claimed range %s of %s (epoch %d)", self.me, r, self.name, epoch)
 
     async def _supervise(self, instance: HeldRange) -> None:
@@ -358,6 +368,7 @@ class FleetWorker:
             except Exception as error:
                 instance.restarts += 1
                 instance.last_error = f"{type(error).__name__}: {error}"
+                self.telemetry.instance_restarted(self.name, r.key, error)
                 _log.error("worker %s: range %s of %s failed (restart %d in %.1f s): %s",
                            self.me, r, self.name, instance.restarts, backoff,
                            instance.last_error)  # fmt: skip
@@ -415,6 +426,7 @@ class FleetWorker:
         except (psycopg.Error, JournalError) as error:
             _log.warning("worker %s: releasing %s failed: %s", self.me, r, error)
             return
+        self.telemetry.lease_released(self.name, r.key, self.me)
         _log.info("worker %s released range %s of %s", self.me, r, self.name)
 
     def held(self) -> Iterable[HeldRange]:

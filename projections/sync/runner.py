@@ -17,7 +17,10 @@ cleanup). Accepted envelopes go to the handler in one of three delivery modes:
 
 A pump task (a thread in the sync flavour) moves envelopes from the stream
 into a bounded queue so the consumer can flush batches on time even when the
-stream is quiet. This module is the one source of both runners:
+stream is quiet. Every instance reports to its telemetry hook
+(`projections/telemetry.py`): batches, errors, dead letters, offsets, and
+(if the hook asks) its backlog, sampled by a task of its own so a stuck
+handler shows. This module is the one source of both runners:
 `projections/sync/runner.py` (`SyncProjection`) is generated from it.
 """
 
@@ -67,7 +70,18 @@ from projections.names import check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 from projections.sync.core_io import CoreReads
-from projections.sync.offset_dao import OffsetDao, insert_dead_letters, range_is_paused
+from projections.sync.offset_dao import (
+    OffsetDao,
+    insert_dead_letters,
+    range_is_paused,
+    read_backlog,
+)
+from projections.telemetry import (
+    NO_INSTANCE_TELEMETRY,
+    InstanceTelemetry,
+    Telemetry,
+    telemetry_for_runner,
+)
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
@@ -116,6 +130,7 @@ class SyncProjection:
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
         self.journal = journal
@@ -146,6 +161,9 @@ class SyncProjection:
         )
         self._was_paused = False
         self._fence: Fence | None = None
+        # None: the process's telemetry (`use_telemetry`) when a run starts.
+        self._telemetry = telemetry
+        self._tel: InstanceTelemetry = NO_INSTANCE_TELEMETRY
 
     # -- construction --------------------------------------------------------------
 
@@ -162,7 +180,7 @@ class SyncProjection:
     ) -> SyncProjection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
-        `options`: `settings`, `recovery`, `query_settings`.
+        `options`: `settings`, `recovery`, `query_settings`, `telemetry`.
         """
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
@@ -227,6 +245,10 @@ class SyncProjection:
             raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
         self._fence = fence
+        tel = self._tel = telemetry_for_runner(self._telemetry).instance(
+            self.name, self.key, _FLAVOUR
+        )
+        sampler = None
         try:
             if self._stop.is_set():  # stopped before it ever ran: a stop is never lost
                 _log.info("projection %s %s stopped before it started", self.name, self.key)
@@ -243,6 +265,9 @@ class SyncProjection:
                 self.entity_type,
                 "the beginning" if start is None else start.timestamp.isoformat(),
             )
+            tel.started()
+            if tel.samples_backlog:
+                sampler = spawn(self._sample_backlog, tel, name=f"backlog {self.key}")
             queue: Queue[_Item] = Queue(self.settings.buffer)
             self._queue = queue
             pump = spawn(self._pump, queue, start, until_caught_up, name=f"pump {self.key}")
@@ -260,13 +285,18 @@ class SyncProjection:
                 self.stats.gaps_filled,
                 self.stats.skipped,
             )
-        except CancelledError:
+        except CancelledError as cancelled:
             _log.info("projection %s %s cancelled", self.name, self.key)
+            tel.stopped(cancelled)
             raise
         except Exception as error:
             _log.error("projection %s %s failed: %s", self.name, self.key, error)
+            tel.stopped(error)
             raise
+        else:
+            tel.stopped(None)
         finally:
+            cancel_and_wait(sampler)
             self._running = False
             # Consumed: a later run() starts afresh, a stop() before it is kept.
             self._stop.clear()
@@ -297,6 +327,24 @@ class SyncProjection:
             queue_put(queue, _StreamEnded(error))
             return
         queue_put(queue, _StreamEnded())
+
+    def _sample_backlog(self, tel: InstanceTelemetry) -> None:
+        """Read the range's backlog every `backlog_sample_interval` until cancelled, on a
+        task (thread) of its own: a handler that blocks does not stop the readings."""
+        interval = self.settings.backlog_sample_interval.total_seconds()
+        while True:
+            try:
+                with self.journal.pool.connection() as conn:
+                    backlog = read_backlog(
+                        conn, self._management, self.name, self.entity_type, self.slice_range
+                    )
+                tel.backlog_sampled(backlog)
+            except CancelledError:
+                raise
+            except Exception as error:  # the next reading may work; the run goes on
+                _log.debug("projection %s %s: backlog reading failed: %s",
+                           self.name, self.key, error)  # fmt: skip
+            sleep(interval)
 
     def _consume(self, queue: Queue[_Item]) -> None:
         poll = self.settings.management_poll_interval.total_seconds()
@@ -333,7 +381,17 @@ class SyncProjection:
         return time.monotonic()
 
     def _handle(self, env: EventEnvelope) -> None:
+        tel = self._tel
+        if tel is NO_INSTANCE_TELEMETRY:
+            self._drive(self._core.offer(env, self._now()))
+            return
+        stats = self.stats
+        duplicates, gaps = stats.duplicates, stats.gaps_filled
         self._drive(self._core.offer(env, self._now()))
+        if stats.duplicates != duplicates:
+            tel.duplicates(stats.duplicates - duplicates)
+        if stats.gaps_filled != gaps:
+            tel.gaps_filled(stats.gaps_filled - gaps)
 
     def _flush(self) -> None:
         self._drive(self._core.flush(self._now()))
@@ -343,12 +401,15 @@ class SyncProjection:
         core = self._core
         while (action := self._reads.drive(core, action)) is not None:
             if isinstance(action, Handle):
-                skipped = self._with_recovery([action.envelope], self._call_at_least_once)
+                skipped = self._batch([action.envelope], self._call_at_least_once)
                 action = (core.skipped if skipped else core.handled)(self._now())
             elif isinstance(action, Commit):
-                skipped = self._with_recovery(
-                    list(action.envelopes), partial(self._call_in_transaction, action)
+                commit = action
+                skipped = self._batch(
+                    list(commit.envelopes), partial(self._call_in_transaction, commit)
                 )
+                if self._tel is not NO_INSTANCE_TELEMETRY:
+                    self._tel.offsets_stored(len(commit.events if skipped else commit.records))
                 action = (core.skipped if skipped else core.committed)(self._now())
             else:
                 try:
@@ -357,7 +418,28 @@ class SyncProjection:
                 except Exception as error:
                     self._raise_offset_failure(error)
                     raise
+                self._tel.offsets_stored(len(action.records))
                 action = core.committed(self._now())
+
+    def _batch(
+        self,
+        envelopes: list[EventEnvelope],
+        call: Callable[[list[EventEnvelope]], None],
+    ) -> bool:
+        """`_with_recovery`, reported to the telemetry as one batch (timed only if on)."""
+        tel = self._tel
+        if tel is NO_INSTANCE_TELEMETRY:
+            return self._with_recovery(envelopes, call)
+        started = tel.batch_started(len(envelopes))
+        began = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return self._with_recovery(envelopes, call)
+        except BaseException as failure:
+            error = failure
+            raise
+        finally:
+            tel.batch_ended(started, len(envelopes), time.perf_counter() - began, error)
 
     # -- transactions ---------------------------------------------------------------------------
 
@@ -417,6 +499,7 @@ class SyncProjection:
                 raise
             except Exception as error:
                 self._raise_offset_failure(error)
+                self._tel.handler_error(error, attempt, attempt < strategy.attempts)
                 if attempt < strategy.attempts:
                     self.stats.retries += 1
                     _log.warning(
@@ -452,6 +535,7 @@ class SyncProjection:
         except Exception as failure:
             self._raise_offset_failure(failure)
             raise
+        self._tel.dead_lettered(len(envelopes))
         _log.error(
             "projection %s %s skipped %d envelope(s) after retries: %s",
             self.name,
