@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from journal import Journal, JournalSettings, TimestampOffset
-from journal.aio.pool import apply_schema
+from journal.aio.migrate import migrate
 from journal.dsn import DSN_ENV
 from journal.query.sql import envelope_columns
 from journal.serialization import JSON_SERIALIZER_ID
@@ -380,7 +380,7 @@ async def insert_catch_up_events(
     Returns the number of events inserted.
     """
     events_per_pid = max(1, events // pids)
-    await apply_schema(conn, settings)
+    await migrate(conn, settings)
     started = time.perf_counter()
     total = await bulk_insert_events(
         conn,

@@ -59,7 +59,7 @@ from _common import (
 from psycopg import sql
 
 from journal import Journal, JournalSettings, slice_for
-from journal.aio.pool import apply_schema
+from journal.aio.migrate import migrate
 from journal.model import SerializedPayload
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.tables import Tables
@@ -141,7 +141,7 @@ async def measure_on_connections(
     one dedicated autocommit connection each; the stored rows are checked against the rate."""
     settings = JournalSettings(schema=schema)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await apply_schema(conn, settings)
+        await migrate(conn, settings)
     tables = Tables(settings)
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(writers)]
     try:

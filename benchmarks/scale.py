@@ -122,7 +122,7 @@ from journal import (
     slice_for,
     slice_ranges,
 )
-from journal.aio.pool import apply_schema
+from journal.aio.migrate import migrate
 from journal.query import sql as q
 from journal.query.by_slice import BucketsQuery, BySliceQuery, HorizonQuery, RowsQuery
 from journal.query.horizon import READER_APPLICATION, horizon_from_row
@@ -1017,7 +1017,7 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
         )
         try:
             async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
-                await apply_schema(conn, settings)
+                await migrate(conn, settings)
                 now = await _database_time(conn)
                 first = now - END_MARGIN - timedelta(microseconds=STEP_US * max(config.sizes))
                 history = History(first, SerializerRegistry())

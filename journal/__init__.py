@@ -29,6 +29,8 @@ from journal.errors import (
     JournalError,
     ProtocolError,
     SchemaNotInitialized,
+    SchemaOutdated,
+    SchemaTooNew,
     SerializationError,
     UnknownProjection,
 )
@@ -106,6 +108,8 @@ __all__ = [
     "ProtocolError",
     "QuerySettings",
     "SchemaNotInitialized",
+    "SchemaOutdated",
+    "SchemaTooNew",
     "SerializationError",
     "SerializedPayload",
     "Serializer",

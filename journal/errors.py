@@ -48,6 +48,28 @@ class SchemaNotInitialized(JournalError):
         )
 
 
+class SchemaOutdated(JournalError):
+    """The database's schema is older than this library: run `slicejournal migrate`."""
+
+    def __init__(self, schema: str, detail: str) -> None:
+        self.schema = schema
+        super().__init__(
+            f"the journal schema {schema!r} is older than this slicejournal release ({detail}); "
+            f"run `slicejournal migrate --dsn DSN --schema {shlex.quote(schema)}` first"
+        )
+
+
+class SchemaTooNew(JournalError):
+    """The database's schema was migrated by a newer release: this one must not write to it."""
+
+    def __init__(self, schema: str, detail: str) -> None:
+        self.schema = schema
+        super().__init__(
+            f"the journal schema {schema!r} was migrated by a newer slicejournal release "
+            f"({detail}); this release refuses to use it: upgrade the library"
+        )
+
+
 class UnknownProjection(JournalError):
     """No projection of that name ever stored an offset, was paused/resumed or dead-lettered."""
 

@@ -56,6 +56,10 @@ class Tables:
         return self._qualified(self.settings.snapshot_table)
 
     @cached_property
+    def snapshot_slice_index(self) -> sql.Identifier:
+        return sql.Identifier(_derived_name(self.settings.snapshot_table, _INDEX_SUFFIX))
+
+    @cached_property
     def offset_store(self) -> sql.Identifier:
         return self._qualified(self.settings.offset_table)
 
@@ -98,6 +102,11 @@ class Tables:
         return self._qualified(self.lease_fence_name)
 
     @cached_property
+    def schema_version(self) -> sql.Identifier:
+        """The table recording how far each component's migrations have run."""
+        return self._qualified("slicejournal_schema_version")
+
+    @cached_property
     def notify_channel(self) -> str:
         """The LISTEN/NOTIFY channel of this journal table: short, fixed-length, safe."""
         key = f"{self.settings.schema}\x00{self.settings.journal_table}".encode()
@@ -110,6 +119,7 @@ class Tables:
             "event_journal": self.journal,
             "event_journal_slice_idx": self.journal_slice_index,
             "snapshot": self.snapshot,
+            "snapshot_slice_idx": self.snapshot_slice_index,
             "offset_store": self.offset_store,
             "management": self.management,
             "dead_letter": self.dead_letter,

@@ -1,7 +1,7 @@
-"""The `slicejournal` command: `init` applies the schema, `demo` runs the showcase,
-`server` manages the embedded PostgreSQL, `worker` runs a share of a projection
-fleet and `scale`, `status`, `pause`, `resume`, `set-offset`, `clear-offset` and
-`dead-letters` operate it."""
+"""The `slicejournal` command: `init` / `migrate` bring the schema to this release,
+`demo` runs the showcase, `server` manages the embedded PostgreSQL, `worker` runs a
+share of a projection fleet and `scale`, `status`, `pause`, `resume`, `set-offset`,
+`clear-offset` and `dead-letters` operate it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from journal.dsn import database, resolve_dsn
 from journal.errors import JournalError
+from journal.schema import Migration
 from journal.settings import JournalSettings
 from slicejournal import __version__
 from slicejournal.fleet_cli import add_fleet_parsers
@@ -23,20 +24,23 @@ SPARK_DEMO_SCHEMA = "slicejournal_spark_demo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-async def _init(dsn: str, settings: JournalSettings) -> None:
+async def _migrate(dsn: str, settings: JournalSettings, *, dry_run: bool) -> list[Migration]:
     import psycopg
 
-    from journal.aio.pool import apply_schema, connect
+    from journal.aio.migrate import migrate
+    from journal.aio.pool import connect
     from journal.connection import describe, one_line
 
     # `connect` fails within settings.connect_timeout with a one-line ConnectionFailed
     # (or InvalidArgument for a malformed DSN), password masked.
     async with await connect(dsn, connect_timeout=settings.connect_timeout_seconds) as conn:
         try:
-            await apply_schema(conn, settings)
+            return await migrate(
+                conn, settings, dry_run=dry_run, on_step=lambda m: print(f"applied {m}")
+            )
         except psycopg.Error as e:  # e.g. no CREATE privilege
             raise JournalError(
-                f"cannot create schema {settings.schema!r} in {describe(conn)}: {one_line(e)}"
+                f"cannot migrate schema {settings.schema!r} in {describe(conn)}: {one_line(e)}"
             ) from None
 
 
@@ -67,12 +71,17 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_migrate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     with database(args.dsn) as (dsn, is_default):
-        asyncio.run(_init(dsn, settings))
+        steps = asyncio.run(_migrate(dsn, settings, dry_run=args.dry_run))
     where = "the embedded server" if is_default else "the configured database"
-    print(f"schema {settings.schema!r} is ready in {where}")
+    if args.dry_run:
+        for step in steps:
+            print(f"would apply {step}")
+        print(f"schema {settings.schema!r} in {where}: {len(steps)} step(s) pending")
+    else:
+        print(f"schema {settings.schema!r} is ready in {where} ({len(steps)} step(s) applied)")
     return 0
 
 
@@ -132,9 +141,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     dsn = argparse.ArgumentParser(add_help=False, parents=[logs])
     dsn.add_argument("--dsn", help="PostgreSQL DSN (default: $SLICEJOURNAL_DSN, else embedded)")
-    p_init = sub.add_parser("init", parents=[dsn], help="create tables (idempotent)")
-    p_init.add_argument("--schema", default="public", help="schema name (default: public)")
-    p_init.set_defaults(func=cmd_init)
+    for name, help_text in (
+        ("init", "create the schema's tables (idempotent; the same as migrate)"),
+        ("migrate", "bring the schema to this release (idempotent, safe to run concurrently)"),
+    ):
+        p_migrate = sub.add_parser(
+            name,
+            parents=[dsn],
+            help=help_text,
+            description="Applies every pending numbered migration of the schema, one "
+            "transaction per step under an advisory lock; a migration only adds, it never "
+            "drops or rewrites data. Run it before starting workers of a new release.",
+        )
+        p_migrate.add_argument("--schema", default="public", help="schema name (default: public)")
+        p_migrate.add_argument("--dry-run", action="store_true",
+                               help="list the pending steps, apply nothing")  # fmt: skip
+        p_migrate.set_defaults(func=cmd_migrate)
     _add_demo_parser(
         sub, dsn, "demo", cmd_demo, schema=DEMO_SCHEMA, events=4000,
         events_help="events to write (10..1000000, default 4000)",

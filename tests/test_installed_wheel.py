@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import drop_test_schema, fresh_schema_name
+from tests.support.pg import drop_test_schema, fresh_schema_name
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = (

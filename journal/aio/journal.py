@@ -16,8 +16,10 @@ from psycopg import AsyncConnection
 
 from journal.aio.by_persistence_id import PersistenceIdQueries
 from journal.aio.flavour import ASYNC
+from journal.aio.migrate import check_schema as check_schema_version
+from journal.aio.migrate import migrate
 from journal.aio.notifications import NotificationListener, Notifier
-from journal.aio.pool import JournalPool, apply_schema, connect, ensure_schema
+from journal.aio.pool import JournalPool, connect
 from journal.aio.slice_reader import SliceReader
 from journal.aio.snapshots import SnapshotStore
 from journal.aio.writer import EventWriter
@@ -126,9 +128,9 @@ class Journal:
         conn = await self._connect()
         async with conn:
             if create_schema:
-                await apply_schema(conn, self.settings)
-            elif check_schema:
-                await ensure_schema(conn, self.tables)
+                await migrate(conn, self.settings)
+            if check_schema:
+                await check_schema_version(conn, self.tables)
         pools = (self.pool, self.read_pool)
         try:
             for pool in pools:
@@ -148,9 +150,9 @@ class Journal:
         await self.pool.close()
 
     async def create_schema(self) -> None:
-        """Apply the DDL in `sql/` (idempotent)."""
+        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
         async with self.pool.connection() as conn:
-            await apply_schema(conn, self.settings)
+            await migrate(conn, self.settings)
 
     # -- write side -------------------------------------------------------
 

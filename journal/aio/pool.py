@@ -16,16 +16,13 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from journal.connection import (
-    TABLE_EXISTS,
     connect_errors,
     parse_dsn,
     pool_kwargs,
     pool_timed_out,
     schema_errors,
-    schema_missing,
     where_of,
 )
-from journal.schema import schema_script
 from journal.settings import JournalSettings
 from journal.tables import Tables
 
@@ -44,21 +41,6 @@ async def open_connection(dsn: str, settings: JournalSettings) -> AsyncConnectio
     """One autocommit connection within the settings' `connect_timeout` (close it with
     `with`): for code without a pool, such as Spark executors."""
     return await connect(dsn, connect_timeout=settings.connect_timeout_seconds)
-
-
-async def ensure_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
-    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
-    cur = await conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
-    row = await cur.fetchone()
-    if not (row and row[0]):
-        raise schema_missing(conn, tables)
-
-
-async def apply_schema(conn: AsyncConnection[Any], settings: JournalSettings) -> None:
-    """Create schema, tables and indexes if missing; running it again changes nothing."""
-    async with conn.transaction():
-        for statement, params in schema_script(settings):
-            await conn.execute(statement, params)
 
 
 class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):

@@ -1,7 +1,8 @@
 -- slicejournal: event journal and snapshots.
 -- Column names and types follow Pekko Persistence R2DBC's PostgreSQL DDL, so a JVM
 -- service using that plugin and Python workers can share one journal.
--- Placeholders (names in curly brackets) are filled in by `slicejournal init` as quoted identifiers.
+-- Migration 1 of the journal component (release 0.1.0's schema). Placeholders (names in
+-- curly brackets) are filled in with quoted identifiers. Never edit a shipped migration.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 

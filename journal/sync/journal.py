@@ -29,8 +29,10 @@ from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
 from journal.sync.by_persistence_id import PersistenceIdQueries
 from journal.sync.flavour import ASYNC
+from journal.sync.migrate import check_schema as check_schema_version
+from journal.sync.migrate import migrate
 from journal.sync.notifications import NotificationListener, Notifier
-from journal.sync.pool import SyncJournalPool, apply_schema, connect, ensure_schema
+from journal.sync.pool import SyncJournalPool, connect
 from journal.sync.slice_reader import SliceReader
 from journal.sync.snapshots import SnapshotStore
 from journal.sync.writer import EventWriter
@@ -128,9 +130,9 @@ class SyncJournal:
         conn = self._connect()
         with conn:
             if create_schema:
-                apply_schema(conn, self.settings)
-            elif check_schema:
-                ensure_schema(conn, self.tables)
+                migrate(conn, self.settings)
+            if check_schema:
+                check_schema_version(conn, self.tables)
         pools = (self.pool, self.read_pool)
         try:
             for pool in pools:
@@ -150,9 +152,9 @@ class SyncJournal:
         self.pool.close()
 
     def create_schema(self) -> None:
-        """Apply the DDL in `sql/` (idempotent)."""
+        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
         with self.pool.connection() as conn:
-            apply_schema(conn, self.settings)
+            migrate(conn, self.settings)
 
     # -- write side -------------------------------------------------------
 

@@ -18,16 +18,13 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from journal.connection import (
-    TABLE_EXISTS,
     connect_errors,
     parse_dsn,
     pool_kwargs,
     pool_timed_out,
     schema_errors,
-    schema_missing,
     where_of,
 )
-from journal.schema import schema_script
 from journal.settings import JournalSettings
 from journal.tables import Tables
 
@@ -42,21 +39,6 @@ def open_connection(dsn: str, settings: JournalSettings) -> Connection[Any]:
     """One autocommit connection within the settings' `connect_timeout` (close it with
     `with`): for code without a pool, such as Spark executors."""
     return connect(dsn, connect_timeout=settings.connect_timeout_seconds)
-
-
-def ensure_schema(conn: Connection[Any], tables: Tables) -> None:
-    """`SchemaNotInitialized` unless the journal table exists (one catalog lookup)."""
-    cur = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
-    row = cur.fetchone()
-    if not (row and row[0]):
-        raise schema_missing(conn, tables)
-
-
-def apply_schema(conn: Connection[Any], settings: JournalSettings) -> None:
-    """Create schema, tables and indexes if missing; running it again changes nothing."""
-    with conn.transaction():
-        for statement, params in schema_script(settings):
-            conn.execute(statement, params)
 
 
 class SyncJournalPool(ConnectionPool[Connection[Any]]):

@@ -1,6 +1,7 @@
 -- slicejournal: projection offsets, management and dead letters.
 -- The offset and management tables follow Pekko Projection R2DBC's PostgreSQL DDL.
--- Placeholders (names in curly brackets) are filled in by `slicejournal init` as quoted identifiers.
+-- Migration 1 of the projections component (release 0.1.0's schema). Placeholders (names
+-- in curly brackets) are filled in with quoted identifiers. Never edit a shipped migration.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 

@@ -1,0 +1,88 @@
+"""Bringing a database's schema to this release, and refusing one that is not.
+
+`migrate` applies each pending step (journal/schema.py) in a transaction of
+its own that first takes the migration lock and re-reads the versions, so
+two deploys racing apply each step once, and a failed step leaves the
+database at the previous one. `check_schema` is the one catalog read every
+journal makes when it opens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from journal.connection import TABLE_EXISTS, schema_missing
+from journal.errors import SchemaOutdated
+from journal.schema import (
+    MIGRATION_LOCK_KEY,
+    Migration,
+    MigrationHook,
+    VersionSql,
+    check_versions,
+    pending,
+    release,
+)
+from journal.settings import JournalSettings
+from journal.tables import Tables
+
+
+async def read_versions(conn: AsyncConnection[Any], tables: Tables) -> dict[str, int] | None:
+    """Each component's recorded version; None if the database records none."""
+    statements = VersionSql.of(tables)
+    cur = await conn.execute(statements.exists, (tables.schema_version.as_string(conn),))
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        return None
+    cur = await conn.execute(statements.read)
+    return {str(component): int(version) for component, version in await cur.fetchall()}
+
+
+async def migrate(
+    conn: AsyncConnection[Any],
+    settings: JournalSettings,
+    *,
+    dry_run: bool = False,
+    on_step: MigrationHook | None = None,
+) -> list[Migration]:
+    """Apply every pending step (or, with `dry_run`, only list them); the steps applied.
+
+    `conn` must autocommit: each step commits on its own.
+    """
+    tables = Tables(settings)
+    statements = VersionSql.of(tables)
+    steps = pending(settings, await read_versions(conn, tables) or {})
+    if dry_run:
+        return steps
+    applied = []
+    for step in steps:
+        async with conn.transaction():
+            await conn.execute(statements.lock, (MIGRATION_LOCK_KEY,))
+            await conn.execute(statements.create)
+            cur = await conn.execute(statements.read)
+            current = {str(c): int(v) for c, v in await cur.fetchall()}
+            key = step.component.key(settings)
+            if current.get(key, 0) >= step.number:
+                continue  # another deploy applied it while this one waited for the lock
+            await conn.execute(step.statement(settings))
+            await conn.execute(statements.record, (key, step.number, release()))
+        applied.append(step)
+        if on_step is not None:
+            on_step(step)
+    return applied
+
+
+async def check_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
+    """`SchemaNotInitialized` if there is no journal table, `SchemaOutdated` /
+    `SchemaTooNew` unless every installed component is at this release's version."""
+    cur = await conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        raise schema_missing(conn, tables)
+    versions = await read_versions(conn, tables)
+    if versions is None:
+        raise SchemaOutdated(
+            tables.settings.schema, "no schema version recorded: created by release 0.1.0"
+        )
+    check_versions(tables.settings, versions)
