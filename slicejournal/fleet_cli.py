@@ -123,7 +123,7 @@ def worker_argv(
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from projections.fleet.metrics import serve_metrics
+    from journal.telemetry import use_telemetry
     from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
 
     target = load_target(args.factory)
@@ -135,14 +135,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     async def body(journal: Journal) -> int:
+        server = None
+        if args.metrics_port is not None:
+            from projections.fleet.metrics import serve_http
+            from projections.telemetry_prometheus import PrometheusTelemetry
+
+            # Installed before the worker exists: every instance its factory builds, and
+            # every append of the handlers, reports to it.
+            telemetry = PrometheusTelemetry()
+            telemetry.watch_pools(journal.pool, journal.read_pool)
+            use_telemetry(telemetry)
         worker = FleetWorker(journal, app.factory, settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         if args.metrics_port is not None:
-            serve_metrics(worker, args.metrics_port)
+
+            def live() -> str | None:
+                """The worker's event loop still runs callbacks (within 5 s)."""
+                probe = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+                try:
+                    probe.result(timeout=5)
+                except Exception:
+                    probe.cancel()
+                    return "the worker's event loop did not answer within 5 s"
+                return None
+
+            server = serve_http(args.metrics_port, args.metrics_addr, live=live, ready=worker.ready)
+            print(f"metrics, health on http://{server.host}:{server.port}/metrics "
+                  "/healthz /readyz", flush=True)  # fmt: skip
         print(f"worker {worker.me} runs projection {worker.name}; SIGTERM to stop", flush=True)
-        await worker.run()
+        try:
+            await worker.run()
+        finally:
+            if server is not None:
+                server.close()
+            use_telemetry(None)
         return 0
 
     name = f"slicejournal worker {settings.worker_id}"
@@ -317,7 +345,10 @@ def add_fleet_parsers(
     p.add_argument("--lease-ttl", type=float, default=10.0,
                    help="seconds a lease lasts without renewal (default 10)")  # fmt: skip
     p.add_argument("--metrics-port", type=bounded_int(0, 65535), default=None,
-                   help="serve Prometheus metrics on this port")  # fmt: skip
+                   help="serve /metrics, /healthz and /readyz on this port")  # fmt: skip
+    p.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="the address the metrics port binds (default 127.0.0.1, this host "
+                   "only; 0.0.0.0 for every interface)")  # fmt: skip
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser(

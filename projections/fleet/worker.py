@@ -30,8 +30,9 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -146,6 +147,10 @@ class FleetWorker:
         self._parked: dict[SliceRange, int] = {}
         self._sql = FleetSql(journal.tables)
         self._stop = asyncio.Event()
+        # For `ready()`: when the heartbeat and leases were last renewed, and the ranges
+        # the last plan gave this worker.
+        self._renewed_at: float | None = None
+        self._wanted: list[SliceRange] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -222,9 +227,27 @@ class FleetWorker:
         async with self.journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.heartbeat, {"name": self.name, "me": self.me, "ttl": ttl})
             renewed = await renew_leases(conn, self._sql, self.name, self.me, list(held), ttl)
+        self._renewed_at = time.monotonic()
         for epoch, instance in held.items():
             if epoch not in renewed:
                 self._lost(instance, "its lease was not renewed (taken over or expired)")
+
+    def ready(self) -> str | None:
+        """None when the worker is ready — it renewed its heartbeat within the lease TTL and
+        runs every range the fleet gives it (or it was given none) — else why not.
+
+        Safe to call from another thread (it only reads)."""
+        if self._stop.is_set():
+            return "stopping"
+        if self._renewed_at is None:
+            return "not registered yet"
+        now = time.monotonic()
+        if now - self._renewed_at > self.settings.lease_ttl.total_seconds():
+            return f"no heartbeat renewed for {now - self._renewed_at:.1f} s"
+        missing = [str(r) for r in self._wanted if r not in self.instances]
+        if missing:
+            return f"ranges not running yet: {', '.join(missing)}"
+        return None
 
     def _lost(self, instance: HeldRange, why: str) -> None:
         """The instance's lease is gone: stop it (it could not commit anyway). Only this
@@ -248,6 +271,7 @@ class FleetWorker:
             async with conn.transaction():
                 instances, now, workers, leases = await self._read(conn, lock=False)
             decided = plan(self.me, slice_ranges(instances), workers, leases, now)
+            self._wanted = [*decided.claim, *decided.waiting, *decided.keep]
             # Stop what moves away, but keep its lease row "parked" for now: while it
             # is held, the planner still knows who had those slices, so the ranges of
             # a new split that overlap it stay with this worker (sticky), and this
@@ -431,12 +455,3 @@ class FleetWorker:
 
     def held(self) -> Iterable[HeldRange]:
         return list(self.instances.values())
-
-
-def lag_seconds(instance: HeldRange) -> float | None:
-    """Seconds between now and the newest event the instance handled (None: none yet)."""
-    p = instance.projection
-    latest = None if p is None else p.stats.latest_timestamp
-    if latest is None:
-        return None
-    return max(0.0, (datetime.now(UTC) - latest).total_seconds())

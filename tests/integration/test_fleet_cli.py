@@ -353,11 +353,11 @@ async def test_a_live_worker_shows_in_status_and_metrics_and_releases_on_sigterm
     for name in (
         "slicejournal_events_handled",
         "slicejournal_lease_held",
-        "slicejournal_lag_seconds",
+        "slicejournal_backlog_age_seconds",
         "slicejournal_instance_restarts",
     ):
         assert name in families, text
-        labels = [s.labels for s in families[name].samples]
+        labels = [{k: s.labels[k] for k in ("projection", "range")} for s in families[name].samples]
         assert {"projection": "balances", "range": "0-255"} in labels, text
         assert len(labels) == 4, text
     handled = families["slicejournal_events_handled"].samples
