@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from psycopg import conninfo
 
-from journal.errors import ConnectionFailed
+from journal.errors import ConnectionFailed, InvalidArgument
 
 DSN_ENV = "SLICEJOURNAL_DSN"
 DEFAULT_DATABASE_GROUP = "slicejournal.default_database"
@@ -40,8 +40,25 @@ class DefaultDatabase(Protocol):
 
 
 def resolve_dsn(dsn: str | None) -> str | None:
-    """The DSN to use: the argument, else `SLICEJOURNAL_DSN`, else None (a default database)."""
-    return dsn or os.environ.get(DSN_ENV) or None
+    """The DSN to use: the argument, else `SLICEJOURNAL_DSN`, else None (a default database).
+
+    An empty DSN is `InvalidArgument`, never "none": `--dsn "$DATABASE_URL"` with the
+    variable unset must not quietly project into a private embedded server.
+    """
+    if dsn is not None:
+        if not dsn.strip():
+            raise InvalidArgument(
+                "the DSN is empty: pass a PostgreSQL DSN, or none at all (no argument and "
+                f"no {DSN_ENV}) for the embedded server"
+            )
+        return dsn
+    env = os.environ.get(DSN_ENV)
+    if env is not None and not env.strip():
+        raise InvalidArgument(
+            f"{DSN_ENV} is set but empty: set it to a PostgreSQL DSN, or unset it for the "
+            "embedded server"
+        )
+    return env
 
 
 def default_database() -> DefaultDatabase:

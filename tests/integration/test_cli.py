@@ -23,7 +23,8 @@ def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **(env or {})},
+        # An unset SLICEJOURNAL_DSN means the embedded server; an empty one is an error.
+        env={**{k: v for k, v in os.environ.items() if k != "SLICEJOURNAL_DSN"}, **(env or {})},
         check=False,
     )
 
@@ -76,10 +77,30 @@ def test_init_rejects_a_bad_schema_name_cleanly(pg_dsn: str) -> None:
 @pytest.mark.timeout(300)  # starts its own embedded server
 def test_demo_runs_on_the_embedded_server_and_verifies(tmp_path: Path) -> None:
     data_dir = tmp_path / "pgdata"
-    env = {"SLICEJOURNAL_DATA_DIR": str(data_dir), "SLICEJOURNAL_DSN": ""}
+    env = {"SLICEJOURNAL_DATA_DIR": str(data_dir)}
     result = run(["demo", "--events", "600", "--accounts", "40", "--writers", "4"], env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "mismatches=0" in result.stdout
     assert "written=600 projected=600" in result.stdout
     # The command stopped the server it started.
     assert not (data_dir / "postmaster.pid").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["init", "--dsn", ""], {}, "the DSN is empty"),
+        (["init", "--dsn", "  "], {}, "the DSN is empty"),
+        (["init"], {"SLICEJOURNAL_DSN": ""}, "SLICEJOURNAL_DSN is set but empty"),
+        (["status", "x", "--dsn", ""], {}, "the DSN is empty"),
+    ],
+)
+def test_an_empty_dsn_is_an_error_not_the_embedded_server(
+    args: list[str], env: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "pgdata"
+    result = run(args, {**env, "SLICEJOURNAL_DATA_DIR": str(data_dir)})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not data_dir.exists(), "an embedded server was started"

@@ -22,7 +22,7 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "SLICEJOURNAL_DSN": ""},
+        env={k: v for k, v in os.environ.items() if k != "SLICEJOURNAL_DSN"},
         check=False,
     )
 

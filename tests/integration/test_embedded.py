@@ -48,7 +48,8 @@ asyncio.run(main())
 
 
 def env_for(data_dir: Path) -> dict[str, str]:
-    return {**os.environ, "SLICEJOURNAL_DATA_DIR": str(data_dir), "SLICEJOURNAL_DSN": ""}
+    env = {k: v for k, v in os.environ.items() if k != "SLICEJOURNAL_DSN"}
+    return {**env, "SLICEJOURNAL_DATA_DIR": str(data_dir)}
 
 
 def cli(args: list[str], data_dir: Path) -> subprocess.CompletedProcess[str]:
