@@ -11,17 +11,29 @@ password or a malformed DSN surfaces as a `ConnectionFailed` /
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
 
 from journal.dsn import display_dsn
-from journal.errors import ConnectionFailed, InvalidArgument, SchemaNotInitialized
+from journal.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    DatabaseError,
+    InvalidArgument,
+    JournalError,
+    PoolExhausted,
+    QueryCancelled,
+    SchemaNotInitialized,
+)
 from journal.settings import JournalSettings
 from journal.tables import Tables
 
@@ -193,3 +205,48 @@ def pool_timed_out(dsn: str, name: str, min_size: int, timeout: int, e: Exceptio
         f"pool {name!r} could not open its {min_size} connection(s) "
         f"within {timeout} s ({e}); is max_connections reached?",
     )
+
+
+@contextlib.contextmanager
+def driver_errors() -> Iterator[None]:
+    """psycopg errors escaping a public call as `JournalError`s, the original as `__cause__`.
+
+    Used at the public API's edge only: inside, the runners and the fleet look at
+    psycopg's own errors (a fence's SQLSTATE, a lock timeout), and an error raised
+    by a handler's own SQL reaches the handler as psycopg raised it.
+    """
+    try:
+        yield
+    except JournalError:
+        raise
+    except PoolTimeout as e:
+        raise PoolExhausted(f"no pooled connection became free in time: {one_line(e)}") from e
+    except psycopg.errors.QueryCanceled as e:
+        raise QueryCancelled(f"the server cancelled the statement: {one_line(e)}") from e
+    except psycopg.OperationalError as e:
+        raise ConnectionLost(f"the connection to PostgreSQL was lost: {one_line(e)}") from e
+    except psycopg.Error as e:
+        raise DatabaseError(f"the database refused the call: {one_line(e)}") from e
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translate_errors(function: Callable[P, R]) -> Callable[P, R]:
+    """`driver_errors` around a public method (a coroutine function or a plain one)."""
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def translated_async(*args: P.args, **kwargs: P.kwargs) -> Any:
+            with driver_errors():
+                return await function(*args, **kwargs)
+
+        return cast(Callable[P, R], translated_async)
+
+    @functools.wraps(function)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        with driver_errors():
+            return function(*args, **kwargs)
+
+    return translated

@@ -34,6 +34,24 @@ class ConnectionFailed(JournalError):
     """
 
 
+class ConnectionLost(JournalError):
+    """The connection broke during a call (server restart, backend terminated, network);
+    the call's outcome is unknown unless it was a read. The psycopg error is `__cause__`."""
+
+
+class PoolExhausted(JournalError):
+    """No pooled connection became free within the pool's timeout (raise
+    `JournalSettings.pool_max_size`, or look for connections held too long)."""
+
+
+class QueryCancelled(JournalError):
+    """The server cancelled a statement (statement_timeout, pg_cancel_backend)."""
+
+
+class DatabaseError(JournalError):
+    """Any other error the database reported for a journal call (psycopg's is `__cause__`)."""
+
+
 class SchemaNotInitialized(JournalError):
     """A journal table does not exist: run `slicejournal init` (or pass `create_schema=True`)."""
 

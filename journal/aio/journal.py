@@ -23,6 +23,7 @@ from journal.aio.pool import JournalPool, connect
 from journal.aio.slice_reader import SliceReader
 from journal.aio.snapshots import SnapshotStore
 from journal.aio.writer import EventWriter
+from journal.connection import translate_errors
 from journal.dsn import database
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
@@ -115,6 +116,7 @@ class Journal:
             finally:
                 await journal.close()
 
+    @translate_errors
     async def open(self, *, create_schema: bool = False, check_schema: bool = True) -> None:
         """Connect once, apply or check the schema, then open the pools.
 
@@ -149,6 +151,7 @@ class Journal:
         await self.read_pool.close()
         await self.pool.close()
 
+    @translate_errors
     async def create_schema(self) -> None:
         """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
         async with self.pool.connection() as conn:
@@ -156,6 +159,7 @@ class Journal:
 
     # -- write side -------------------------------------------------------
 
+    @translate_errors
     async def append(
         self,
         persistence_id: str,
@@ -178,10 +182,12 @@ class Journal:
         )
         return await self._writer.append(batch, conn)
 
+    @translate_errors
     async def highest_seq_nr(self, persistence_id: str) -> int:
         """The highest seq_nr of the id (0 if it has none); deleted events still count."""
         return await self._writer.highest_seq_nr(validate_persistence_id(persistence_id))
 
+    @translate_errors
     async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
         """Delete events up to and including `to_seq_nr`; the sequence is never reused."""
         pid = validate_persistence_id(persistence_id)
@@ -189,6 +195,7 @@ class Journal:
             raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
         return await self._writer.delete_events_to(pid, to_seq_nr)
 
+    @translate_errors
     async def save_snapshot(
         self,
         persistence_id: str,
@@ -204,10 +211,12 @@ class Journal:
             persistence_id, seq_nr, state, tags=tuple(tags), metadata=metadata, conn=conn
         )
 
+    @translate_errors
     async def load_snapshot(self, persistence_id: str) -> Snapshot | None:
         """The id's latest snapshot, or None."""
         return await self._snapshots.load(persistence_id)
 
+    @translate_errors
     async def delete_snapshot(self, persistence_id: str) -> None:
         """Remove the id's snapshot."""
         await self._snapshots.delete(persistence_id)
@@ -281,6 +290,7 @@ class Journal:
             entity_type, min_slice, max_slice, offset, live=False, settings=settings
         )
 
+    @translate_errors
     async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
         """One event with its payload (e.g. for a backtracking envelope), or None."""
         pid = validate_persistence_id(persistence_id)
@@ -292,6 +302,7 @@ class Journal:
             return None
         return row_to_envelope(row, self.serializers, source="load")
 
+    @translate_errors
     async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
         """The db_timestamp of a stored (not deleted) event, or None."""
         pid = validate_persistence_id(persistence_id)
@@ -301,6 +312,7 @@ class Journal:
             row = await cur.fetchone()
         return None if row is None else row[0]
 
+    @translate_errors
     async def database_time(self) -> datetime:
         """The database's current transaction time."""
         return await self._slices.database_time()

@@ -13,6 +13,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from journal.connection import driver_errors
 from journal.model import EventEnvelope
 from journal.query import sql as q
 from journal.rows import row_to_envelope
@@ -54,51 +55,54 @@ class PersistenceIdQueries:
 
     def current(self, pid: str, from_seq: int, to_seq: int) -> Generator[EventEnvelope, None, None]:
         """Stored events of `pid` with from_seq <= seq_nr <= to_seq, in order, then end."""
-        while from_seq <= to_seq:
-            page = self._page(pid, from_seq, to_seq)
-            for env in page:
-                yield env
-            if len(page) < self._page_size:
-                return
-            from_seq = page[-1].seq_nr + 1
-
-    def live(self, pid: str, from_seq: int, to_seq: int) -> Generator[EventEnvelope, None, None]:
-        """Like `current`, but keeps waiting for new events until `to_seq` is reached."""
-        sub = None
-        if self._listener is not None:
-            slice_ = slice_for(pid)
-            sub = self._listener.subscribe(entity_type_of(pid), slice_, slice_)
-        try:
+        with driver_errors():
             while from_seq <= to_seq:
                 page = self._page(pid, from_seq, to_seq)
                 for env in page:
                     yield env
-                if page:
-                    from_seq = page[-1].seq_nr + 1
                 if len(page) < self._page_size:
-                    if sub is None:
-                        sleep(self._refresh)
-                    else:
-                        wait_for_wakeup(sub.event, self._refresh)
-        finally:
-            if sub is not None and self._listener is not None:
-                self._listener.unsubscribe(sub)
+                    return
+                from_seq = page[-1].seq_nr + 1
+
+    def live(self, pid: str, from_seq: int, to_seq: int) -> Generator[EventEnvelope, None, None]:
+        """Like `current`, but keeps waiting for new events until `to_seq` is reached."""
+        with driver_errors():
+            sub = None
+            if self._listener is not None:
+                slice_ = slice_for(pid)
+                sub = self._listener.subscribe(entity_type_of(pid), slice_, slice_)
+            try:
+                while from_seq <= to_seq:
+                    page = self._page(pid, from_seq, to_seq)
+                    for env in page:
+                        yield env
+                    if page:
+                        from_seq = page[-1].seq_nr + 1
+                    if len(page) < self._page_size:
+                        if sub is None:
+                            sleep(self._refresh)
+                        else:
+                            wait_for_wakeup(sub.event, self._refresh)
+            finally:
+                if sub is not None and self._listener is not None:
+                    self._listener.unsubscribe(sub)
 
     def persistence_ids(self, entity_type: str | None) -> Generator[str, None, None]:
         """Every persistence id (of one entity type, if given), in order, page by page."""
-        if entity_type is not None:
-            validate_entity_type(entity_type)
-        statement = q.persistence_ids(self._tables, by_entity_type=entity_type is not None)
-        after = ""
-        while True:
-            with self._pool.connection() as conn:
-                cur = conn.execute(
-                    statement,
-                    {"after": after, "entity_type": entity_type, "limit": self._page_size},
-                )
-                rows = cur.fetchall()
-            for (pid,) in rows:
-                yield pid
-            if len(rows) < self._page_size:
-                return
-            after = rows[-1][0]
+        with driver_errors():
+            if entity_type is not None:
+                validate_entity_type(entity_type)
+            statement = q.persistence_ids(self._tables, by_entity_type=entity_type is not None)
+            after = ""
+            while True:
+                with self._pool.connection() as conn:
+                    cur = conn.execute(
+                        statement,
+                        {"after": after, "entity_type": entity_type, "limit": self._page_size},
+                    )
+                    rows = cur.fetchall()
+                for (pid,) in rows:
+                    yield pid
+                if len(rows) < self._page_size:
+                    return
+                after = rows[-1][0]

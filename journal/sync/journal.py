@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg import Connection
 
+from journal.connection import translate_errors
 from journal.dsn import database
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
@@ -117,6 +118,7 @@ class SyncJournal:
             finally:
                 journal.close()
 
+    @translate_errors
     def open(self, *, create_schema: bool = False, check_schema: bool = True) -> None:
         """Connect once, apply or check the schema, then open the pools.
 
@@ -151,6 +153,7 @@ class SyncJournal:
         self.read_pool.close()
         self.pool.close()
 
+    @translate_errors
     def create_schema(self) -> None:
         """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
         with self.pool.connection() as conn:
@@ -158,6 +161,7 @@ class SyncJournal:
 
     # -- write side -------------------------------------------------------
 
+    @translate_errors
     def append(
         self,
         persistence_id: str,
@@ -180,10 +184,12 @@ class SyncJournal:
         )
         return self._writer.append(batch, conn)
 
+    @translate_errors
     def highest_seq_nr(self, persistence_id: str) -> int:
         """The highest seq_nr of the id (0 if it has none); deleted events still count."""
         return self._writer.highest_seq_nr(validate_persistence_id(persistence_id))
 
+    @translate_errors
     def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> int:
         """Delete events up to and including `to_seq_nr`; the sequence is never reused."""
         pid = validate_persistence_id(persistence_id)
@@ -191,6 +197,7 @@ class SyncJournal:
             raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
         return self._writer.delete_events_to(pid, to_seq_nr)
 
+    @translate_errors
     def save_snapshot(
         self,
         persistence_id: str,
@@ -206,10 +213,12 @@ class SyncJournal:
             persistence_id, seq_nr, state, tags=tuple(tags), metadata=metadata, conn=conn
         )
 
+    @translate_errors
     def load_snapshot(self, persistence_id: str) -> Snapshot | None:
         """The id's latest snapshot, or None."""
         return self._snapshots.load(persistence_id)
 
+    @translate_errors
     def delete_snapshot(self, persistence_id: str) -> None:
         """Remove the id's snapshot."""
         self._snapshots.delete(persistence_id)
@@ -283,6 +292,7 @@ class SyncJournal:
             entity_type, min_slice, max_slice, offset, live=False, settings=settings
         )
 
+    @translate_errors
     def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
         """One event with its payload (e.g. for a backtracking envelope), or None."""
         pid = validate_persistence_id(persistence_id)
@@ -294,6 +304,7 @@ class SyncJournal:
             return None
         return row_to_envelope(row, self.serializers, source="load")
 
+    @translate_errors
     def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
         """The db_timestamp of a stored (not deleted) event, or None."""
         pid = validate_persistence_id(persistence_id)
@@ -303,6 +314,7 @@ class SyncJournal:
             row = cur.fetchone()
         return None if row is None else row[0]
 
+    @translate_errors
     def database_time(self) -> datetime:
         """The database's current transaction time."""
         return self._slices.database_time()

@@ -24,6 +24,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from journal.connection import driver_errors
 from journal.errors import ProtocolError
 from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.query import sql as q
@@ -84,62 +85,65 @@ class SliceReader:
         settings: QuerySettings | None = None,
     ) -> Generator[EventEnvelope, None, None]:
         """Yield envelopes of the range as decided by a fresh `BySliceQuery`."""
-        settings = settings or self._settings
-        end = None if live else self.database_time()
-        machine = BySliceQuery(
-            settings, offset, live=live, end=end, heartbeats=heartbeats, now=time.monotonic()
-        )
-        sub = None
-        if live and settings.notifications and self._listener is not None:
-            sub = self._listener.subscribe(entity_type, min_slice, max_slice)
-        try:
-            while True:
-                request = machine.next_request(time.monotonic())
-                if isinstance(request, Done):
-                    return
-                if isinstance(request, Wait):
-                    self._wait(machine, request, sub)
-                elif isinstance(request, HeartbeatDue):
-                    db_now = self.database_time()
-                    hb = machine.on_heartbeat(db_now, time.monotonic())
-                    yield heartbeat_envelope(entity_type, min_slice, hb)
-                elif isinstance(request, HorizonQuery):
-                    statement, params = q.horizon(self._tables, READER_APPLICATION)
-                    with self._pool.connection() as conn:
-                        cur = conn.execute(statement, params)
-                        reading = horizon_from_row(_one(cur))
-                    self._blind.note(reading)
-                    machine.on_horizon(reading)
-                elif isinstance(request, BucketsQuery):
-                    statement, params = q.slice_buckets(
-                        self._tables,
-                        entity_type,
-                        min_slice,
-                        max_slice,
-                        request,
-                        settings.behind_current_time,
-                    )
-                    with self._pool.connection() as conn:
-                        cur = conn.execute(statement, params)
-                        machine.on_buckets(cur.fetchall())
-                else:
-                    source = "backtracking" if request.backtracking else "query"
-                    registry = self._registry
-                    batches = self._batches(entity_type, min_slice, max_slice, request, settings)
-                    with contextlib.closing(batches):
-                        for batch in batches:
-                            now = time.monotonic()
-                            for row in batch:
-                                offset_ = machine.on_row(row, row[-1], now)
-                                if offset_ is not None:
-                                    yield row_to_envelope(
-                                        row, registry, source=source, offset=offset_
-                                    )
-                    machine.on_rows_done(time.monotonic())
-        finally:
-            warn_if_unfinished(machine, entity_type, min_slice)
-            if sub is not None and self._listener is not None:
-                self._listener.unsubscribe(sub)
+        with driver_errors():
+            settings = settings or self._settings
+            end = None if live else self.database_time()
+            machine = BySliceQuery(
+                settings, offset, live=live, end=end, heartbeats=heartbeats, now=time.monotonic()
+            )
+            sub = None
+            if live and settings.notifications and self._listener is not None:
+                sub = self._listener.subscribe(entity_type, min_slice, max_slice)
+            try:
+                while True:
+                    request = machine.next_request(time.monotonic())
+                    if isinstance(request, Done):
+                        return
+                    if isinstance(request, Wait):
+                        self._wait(machine, request, sub)
+                    elif isinstance(request, HeartbeatDue):
+                        db_now = self.database_time()
+                        hb = machine.on_heartbeat(db_now, time.monotonic())
+                        yield heartbeat_envelope(entity_type, min_slice, hb)
+                    elif isinstance(request, HorizonQuery):
+                        statement, params = q.horizon(self._tables, READER_APPLICATION)
+                        with self._pool.connection() as conn:
+                            cur = conn.execute(statement, params)
+                            reading = horizon_from_row(_one(cur))
+                        self._blind.note(reading)
+                        machine.on_horizon(reading)
+                    elif isinstance(request, BucketsQuery):
+                        statement, params = q.slice_buckets(
+                            self._tables,
+                            entity_type,
+                            min_slice,
+                            max_slice,
+                            request,
+                            settings.behind_current_time,
+                        )
+                        with self._pool.connection() as conn:
+                            cur = conn.execute(statement, params)
+                            machine.on_buckets(cur.fetchall())
+                    else:
+                        source = "backtracking" if request.backtracking else "query"
+                        registry = self._registry
+                        batches = self._batches(
+                            entity_type, min_slice, max_slice, request, settings
+                        )
+                        with contextlib.closing(batches):
+                            for batch in batches:
+                                now = time.monotonic()
+                                for row in batch:
+                                    offset_ = machine.on_row(row, row[-1], now)
+                                    if offset_ is not None:
+                                        yield row_to_envelope(
+                                            row, registry, source=source, offset=offset_
+                                        )
+                        machine.on_rows_done(time.monotonic())
+            finally:
+                warn_if_unfinished(machine, entity_type, min_slice)
+                if sub is not None and self._listener is not None:
+                    self._listener.unsubscribe(sub)
 
     def _batches(
         self,

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from journal.aio.flavour import sleep
 from journal.aio.journal import Journal
+from journal.connection import translate_errors
 from journal.errors import JournalError, UnknownProjection
 from journal.slices import SliceRange, slice_ranges
 from projections.aio.management import ProjectionManagement
@@ -35,6 +36,7 @@ class FleetControl:
         self._sql = FleetSql(journal.tables)
         self._management = ProjectionManagement(journal)
 
+    @translate_errors
     async def scale(self, name: str, instances: int) -> bool:
         """Store the desired instance count (a divisor of 1024); True if it changed.
 
@@ -52,6 +54,7 @@ class FleetControl:
                 raise UnknownProjection(name)
         return False
 
+    @translate_errors
     async def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
@@ -97,6 +100,7 @@ class FleetControl:
         return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
                            leftovers)  # fmt: skip
 
+    @translate_errors
     async def wait_converged(
         self,
         name: str,
@@ -133,12 +137,14 @@ class FleetControl:
                 )
             await sleep(interval)
 
+    @translate_errors
     async def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
         await self._rewrite(name, slices, check_timestamp(timestamp))
 
+    @translate_errors
     async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
         await self._rewrite(name, slices, None)

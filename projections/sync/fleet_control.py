@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from journal.connection import translate_errors
 from journal.errors import JournalError, UnknownProjection
 from journal.slices import SliceRange, slice_ranges
 from journal.sync.flavour import sleep
@@ -37,6 +38,7 @@ class SyncFleetControl:
         self._sql = FleetSql(journal.tables)
         self._management = SyncProjectionManagement(journal)
 
+    @translate_errors
     def scale(self, name: str, instances: int) -> bool:
         """Store the desired instance count (a divisor of 1024); True if it changed.
 
@@ -54,6 +56,7 @@ class SyncFleetControl:
                 raise UnknownProjection(name)
         return False
 
+    @translate_errors
     def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
@@ -99,6 +102,7 @@ class SyncFleetControl:
         return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
                            leftovers)  # fmt: skip
 
+    @translate_errors
     def wait_converged(
         self,
         name: str,
@@ -135,12 +139,14 @@ class SyncFleetControl:
                 )
             sleep(interval)
 
+    @translate_errors
     def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
         self._rewrite(name, slices, check_timestamp(timestamp))
 
+    @translate_errors
     def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
         self._rewrite(name, slices, None)

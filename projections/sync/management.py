@@ -19,6 +19,7 @@ from typing import Any
 
 from psycopg import Connection
 
+from journal.connection import translate_errors
 from journal.errors import UnknownProjection
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
@@ -48,20 +49,24 @@ class SyncProjectionManagement:
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
             )
 
+    @translate_errors
     def pause(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Pause every instance of the projection (or only the one for `slice_range`)."""
         self._set_paused(name, slice_range, True)
 
+    @translate_errors
     def resume(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Undo `pause` (for the same scope)."""
         self._set_paused(name, slice_range, False)
 
+    @translate_errors
     def is_paused(self, name: str, slice_range: SliceRange) -> bool:
         """True if the projection as a whole, or a paused range overlapping this one, is."""
         validate_name(name)
         with self._journal.pool.connection() as conn:
             return range_is_paused(conn, self._sql, name, SliceRange.check(slice_range))
 
+    @translate_errors
     def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
@@ -76,6 +81,7 @@ class SyncProjectionManagement:
                 conn, slices.key, slices, timestamp
             )
 
+    @translate_errors
     def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the projection's offsets: it restarts from the beginning of the journal.
 
@@ -85,6 +91,7 @@ class SyncProjectionManagement:
         with self._journal.pool.connection() as conn:
             OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
 
+    @translate_errors
     def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
@@ -113,6 +120,7 @@ class SyncProjectionManagement:
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
+    @translate_errors
     def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
         long the oldest has waited (0 when caught up, however quiet the journal)."""
@@ -121,6 +129,7 @@ class SyncProjectionManagement:
         with self._journal.pool.connection() as conn:
             return read_backlog(conn, self._sql, name, entity_type, SliceRange.check(slice_range))
 
+    @translate_errors
     def require_known(self, name: str) -> None:
         """`UnknownProjection` unless the projection stored an offset, was paused or
         resumed, dead-lettered an envelope or had a fleet worker."""
@@ -133,6 +142,7 @@ class SyncProjectionManagement:
         if not (cur.fetchone() or (False,))[0]:
             raise UnknownProjection(name)
 
+    @translate_errors
     def dead_letters(self, name: str) -> list[DeadLetter]:
         """Envelopes the projection skipped, with their errors."""
         with self._journal.pool.connection() as conn:
