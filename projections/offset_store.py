@@ -55,14 +55,18 @@ class Record:
 
     @property
     def is_progress(self) -> bool:
+        """A progress marker: the slice has been read up to `timestamp`, no event."""
         return self.persistence_id == PROGRESS_PID and self.seq_nr == PROGRESS_SEQ_NR
 
     @property
     def is_start(self) -> bool:
+        """A start marker (`set_offset`): resume at `timestamp`, skip anything older."""
         return self.persistence_id == PROGRESS_PID and self.seq_nr == START_SEQ_NR
 
 
 class Verdict(enum.Enum):
+    """What the offset store decides about one envelope."""
+
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     GAP = "gap"
@@ -79,6 +83,7 @@ class Validation:
 
     @property
     def accepted(self) -> bool:
+        """True if the envelope is to be handled."""
         return self.verdict is Verdict.ACCEPTED
 
 
@@ -148,10 +153,12 @@ class OffsetState:
         return stored.seq_nr if inflight is None else max(stored.seq_nr, inflight)
 
     def latest_of_slice(self, slice_: int) -> Record | None:
+        """The newest stored row of a slice (event or marker), or None."""
         return self._latest_by_slice.get(slice_)
 
     @property
     def slices(self) -> frozenset[int]:
+        """The slices that have at least one stored row."""
         return frozenset(self._latest_by_slice)
 
     def start_offset(self, slices: Iterable[int]) -> TimestampOffset | None:

@@ -20,6 +20,8 @@ from journal.settings import duration_field
 
 
 class OnFailure(enum.Enum):
+    """What a projection does when a handler keeps failing."""
+
     FAIL = "fail"
     RETRY_AND_FAIL = "retry_and_fail"
     RETRY_AND_SKIP = "retry_and_skip"
@@ -61,6 +63,7 @@ class RecoveryStrategy:
 
     @property
     def attempts(self) -> int:
+        """How many times an envelope (or batch) is tried in all."""
         return 1 if self.on_failure is OnFailure.FAIL else 1 + self.retries
 
 

@@ -33,6 +33,7 @@ class ProjectionGroup:
 
     @property
     def instances(self) -> int:
+        """How many instances (slice ranges) the group runs."""
         return self._instances
 
     async def start(self) -> None:
@@ -70,7 +71,8 @@ class ProjectionGroup:
         self._instances = instances
         await self.start()
         name = self.projections[0].name if self.projections else "?"
-        _log.info("projection %s rescaled from %d to %d instances", name, before, instances)
+        _log.info("projection %s rescaled from %d to %d instances", name, before, instances,
+                  extra={"projection": name, "event": "rescaled", "instances": instances})  # fmt: skip
 
     def failed(self) -> BaseException | None:
         """The first failure among running instances, if any."""

@@ -31,6 +31,7 @@ class LeaseStatus:
 
     @property
     def lag(self) -> timedelta | None:
+        """How far the stored offset is behind the range's newest event (see `backlog`)."""
         return None if self.progress is None else self.progress.lag
 
     @property
@@ -40,10 +41,12 @@ class LeaseStatus:
 
     @property
     def paused(self) -> bool:
+        """True if the range (or the whole projection) is paused."""
         return self.progress is not None and self.progress.paused
 
     @property
     def resume_from(self) -> datetime | None:
+        """Where an instance for this range would resume (None: from the beginning)."""
         return None if self.progress is None else self.progress.resume_from
 
 

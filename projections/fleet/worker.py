@@ -91,10 +91,12 @@ class WorkerSettings:
 
     @property
     def ttl_ms(self) -> int:
+        """The lease TTL in milliseconds, as the lease rows store it."""
         return max(1, int(self.lease_ttl.total_seconds() * 1000))
 
     @property
     def renew_interval(self) -> float:
+        """Seconds between lease renewals: a third of the TTL."""
         return self.lease_ttl.total_seconds() / 3
 
     @property
@@ -151,6 +153,7 @@ class FleetWorker:
         # the last plan gave this worker.
         self._renewed_at: float | None = None
         self._wanted: list[SliceRange] = []
+        self._split: int | None = None  # the instance count last read (a change is logged)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -160,7 +163,10 @@ class FleetWorker:
         self._stop.set()
 
     async def run(self) -> None:
-        _log.info("worker %s joins projection %s", self.me, self.name)
+        """Join the fleet and run the ranges this worker leases until `stop()`; then finish
+        their batches, save offsets, release the leases and leave."""
+        _log.info("worker %s joins projection %s", self.me, self.name,
+                  extra=self._extra("worker_started"))  # fmt: skip
         await self._register()
         renew = asyncio.create_task(self._every(self.settings.renew_interval, self._renew))
         try:
@@ -195,7 +201,7 @@ class FleetWorker:
             async with self.journal.pool.connection() as conn:
                 await conn.execute(self._sql.leave, (self.name, self.me))
         _log.info("worker %s left projection %s (released %d range(s))", self.me, self.name,
-                  len(ranges))  # fmt: skip
+                  len(ranges), extra=self._extra("worker_stopped"))  # fmt: skip
 
     async def _every(self, interval: float, step: Callable[[], Any]) -> None:
         """Run `step` every `interval` until stopped; a failing step is logged and retried
@@ -214,8 +220,10 @@ class FleetWorker:
                 # Soon at first (a lease must be renewed before it expires), then backing
                 # off up to the step's own interval.
                 delay = min(interval, 0.25 * 2**failures)
-                _log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.me,
-                             getattr(step, "__name__", step), error, delay)  # fmt: skip
+                what = getattr(step, "__name__", str(step)).lstrip("_")
+                _log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.me, what,
+                             error, delay, extra=self._extra("retry", step=what,
+                                                             error=str(error)))  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
 
@@ -259,7 +267,8 @@ class FleetWorker:
         instance.lost = True
         self.telemetry.lease_lost(self.name, r.key, self.me, why)
         _log.warning("worker %s lost range %s of %s: %s; instance stopped", self.me, r,
-                     self.name, why)  # fmt: skip
+                     self.name, why, extra=self._extra("lease_lost", r, instance.fence.epoch,
+                                                       reason=why))  # fmt: skip
         if instance.task is not None and instance.task is not asyncio.current_task():
             instance.task.cancel()
 
@@ -270,6 +279,12 @@ class FleetWorker:
         async with self.journal.pool.connection() as conn:
             async with conn.transaction():
                 instances, now, workers, leases = await self._read(conn, lock=False)
+            if instances != self._split:
+                if self._split is not None:
+                    _log.info("worker %s: projection %s rescaled from %d to %d ranges", self.me,
+                              self.name, self._split, instances,
+                              extra=self._extra("rescaled", instances=instances))  # fmt: skip
+                self._split = instances
             decided = plan(self.me, slice_ranges(instances), workers, leases, now)
             self._wanted = [*decided.claim, *decided.waiting, *decided.keep]
             # Stop what moves away, but keep its lease row "parked" for now: while it
@@ -349,7 +364,8 @@ class FleetWorker:
                         claimed.append((r, epoch))
         except psycopg.errors.LockNotAvailable:
             _log.info("worker %s: a range of %s is still in a transaction of its previous "
-                      "owner; claiming again at the next tick", self.me, self.name)  # fmt: skip
+                      "owner; claiming again at the next tick", self.me, self.name,
+                      extra=self._extra("claim_deferred"))  # fmt: skip
             return [], wanted
         for r, _ in claimed:
             for parked in [p for p in self._parked if p.overlaps(r)]:
@@ -368,7 +384,8 @@ class FleetWorker:
         self.instances[r] = instance
         instance.task = asyncio.create_task(self._supervise(instance), name=f"fleet {r}")
         self.telemetry.lease_claimed(self.name, r.key, self.me, epoch)
-        _log.info("worker %s claimed range %s of %s (epoch %d)", self.me, r, self.name, epoch)
+        _log.info("worker %s claimed range %s of %s (epoch %d)", self.me, r, self.name, epoch,
+                  extra=self._extra("lease_claimed", r, epoch))  # fmt: skip
 
     async def _supervise(self, instance: HeldRange) -> None:
         r = instance.slice_range
@@ -395,7 +412,10 @@ class FleetWorker:
                 self.telemetry.instance_restarted(self.name, r.key, error)
                 _log.error("worker %s: range %s of %s failed (restart %d in %.1f s): %s",
                            self.me, r, self.name, instance.restarts, backoff,
-                           instance.last_error)  # fmt: skip
+                           instance.last_error,
+                           extra=self._extra("failed", r, instance.fence.epoch,
+                                             restarts=instance.restarts,
+                                             error=instance.last_error))  # fmt: skip
             await self._check_pools()
             with contextlib.suppress(psycopg.Error, JournalError, OSError):
                 await self._report(instance, running=False)
@@ -439,7 +459,8 @@ class FleetWorker:
         instance = await self._stop_instance(r)
         if instance is not None:
             self._parked[r] = instance.fence.epoch
-            _log.info("worker %s stopped range %s of %s", self.me, r, self.name)
+            _log.info("worker %s stopped range %s of %s", self.me, r, self.name,
+                      extra=self._extra("range_stopped", r, instance.fence.epoch))  # fmt: skip
 
     async def _release_row(self, r: SliceRange, epoch: int) -> None:
         """Give a stopped range's lease back (it would expire by itself otherwise)."""
@@ -448,10 +469,25 @@ class FleetWorker:
             async with self.journal.pool.connection() as conn:
                 await release_lease(conn, self._sql, self.name, self.me, epoch)
         except (psycopg.Error, JournalError) as error:
-            _log.warning("worker %s: releasing %s failed: %s", self.me, r, error)
+            _log.warning("worker %s: releasing %s failed: %s", self.me, r, error,
+                         extra=self._extra("retry", r, epoch, error=str(error)))  # fmt: skip
             return
         self.telemetry.lease_released(self.name, r.key, self.me)
-        _log.info("worker %s released range %s of %s", self.me, r, self.name)
+        _log.info("worker %s released range %s of %s", self.me, r, self.name,
+                  extra=self._extra("lease_released", r, epoch))  # fmt: skip
+
+    def _extra(
+        self, event: str, r: SliceRange | None = None, epoch: int | None = None, **more: object
+    ) -> dict[str, object]:
+        """A lifecycle log line's structured fields (`extra=`): projection, worker, the
+        event, and the range and epoch where there is one."""
+        fields: dict[str, object] = {"projection": self.name, "worker": self.me, "event": event}
+        if r is not None:
+            fields["range"] = r.key
+        if epoch is not None:
+            fields["epoch"] = epoch
+        return {**fields, **more}
 
     def held(self) -> Iterable[HeldRange]:
+        """The ranges this worker holds a lease on right now, with their instances."""
         return list(self.instances.values())

@@ -35,6 +35,7 @@ class SyncProjectionGroup:
 
     @property
     def instances(self) -> int:
+        """How many instances (slice ranges) the group runs."""
         return self._instances
 
     def start(self) -> None:
@@ -72,7 +73,8 @@ class SyncProjectionGroup:
         self._instances = instances
         self.start()
         name = self.projections[0].name if self.projections else "?"
-        _log.info("projection %s rescaled from %d to %d instances", name, before, instances)
+        _log.info("projection %s rescaled from %d to %d instances", name, before, instances,
+                  extra={"projection": name, "event": "rescaled", "instances": instances})  # fmt: skip
 
     def failed(self) -> BaseException | None:
         """The first failure among running instances, if any."""

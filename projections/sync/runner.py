@@ -150,6 +150,8 @@ class SyncProjection:
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
         self._running = False
+        # Every lifecycle log line carries these as `extra=` (JSON logs show them).
+        self._fields: dict[str, object] = {"projection": self.name, "range": self.key}
         # Everything that decides; kept across runs like the stats it counts in.
         self._core = ProjectionCore(
             mode,
@@ -158,6 +160,7 @@ class SyncProjection:
             stats=self.stats,
             where=f"{self.name} {self.key}",
             log=_log,
+            fields=self._fields,
         )
         self._was_paused = False
         self._fence: Fence | None = None
@@ -228,6 +231,7 @@ class SyncProjection:
 
     @property
     def running(self) -> bool:
+        """True while `run` is running."""
         return self._running
 
     def run(self, *, fence: Fence | None = None, until_caught_up: bool = False) -> ProjectionStats:
@@ -251,7 +255,8 @@ class SyncProjection:
         sampler = None
         try:
             if self._stop.is_set():  # stopped before it ever ran: a stop is never lost
-                _log.info("projection %s %s stopped before it started", self.name, self.key)
+                _log.info("projection %s %s stopped before it started", self.name, self.key,
+                          extra=self._extra("stopped"))  # fmt: skip
                 return self.stats
             with self.journal.pool.connection() as conn:
                 records = self._dao.load(conn, self.slice_range)
@@ -264,6 +269,7 @@ class SyncProjection:
                 self.mode.value,
                 self.entity_type,
                 "the beginning" if start is None else start.timestamp.isoformat(),
+                extra=self._extra("started", mode=self.mode.value),
             )
             tel.started()
             if tel.samples_backlog:
@@ -284,13 +290,16 @@ class SyncProjection:
                 self.stats.duplicates,
                 self.stats.gaps_filled,
                 self.stats.skipped,
+                extra=self._extra("stopped", accepted=self.stats.accepted),
             )
         except CancelledError as cancelled:
-            _log.info("projection %s %s cancelled", self.name, self.key)
+            _log.info("projection %s %s cancelled", self.name, self.key,
+                      extra=self._extra("stopped"))  # fmt: skip
             tel.stopped(cancelled)
             raise
         except Exception as error:
-            _log.error("projection %s %s failed: %s", self.name, self.key, error)
+            _log.error("projection %s %s failed: %s", self.name, self.key, error,
+                       extra=self._extra("failed", error=str(error)))  # fmt: skip
             tel.stopped(error)
             raise
         else:
@@ -476,7 +485,7 @@ class SyncProjection:
         failure = offset_error(error, self.journal.tables, f"{self.name} {self.key}")
         if failure is not None:
             self._core.failed()
-            _log.error("%s", failure)
+            _log.error("%s", failure, extra=self._extra("failed", error=str(failure)))
             raise failure from error
 
     def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
@@ -509,6 +518,7 @@ class SyncProjection:
                         attempt,
                         strategy.attempts,
                         error,
+                        extra=self._extra("retry", attempt=attempt, error=str(error)),
                     )
                     sleep(strategy.delay(attempt))
                     continue
@@ -542,7 +552,12 @@ class SyncProjection:
             self.key,
             len(envelopes),
             text,
+            extra=self._extra("dead_letter", events=len(envelopes), error=text),
         )
+
+    def _extra(self, event: str, **more: object) -> dict[str, object]:
+        """A lifecycle log line's structured fields: projection, range, the event, `more`."""
+        return {**self._fields, "event": event, **more}
 
     # -- pause, cleanup -------------------------------------------------------------------------
 
@@ -551,7 +566,8 @@ class SyncProjection:
             paused = range_is_paused(conn, self._management, self.name, self.slice_range)
         if paused != self._was_paused:
             self._was_paused = paused
-            _log.info("projection %s %s %s", self.name, self.key, "paused" if paused else "resumed")
+            what = "paused" if paused else "resumed"
+            _log.info("projection %s %s %s", self.name, self.key, what, extra=self._extra(what))
         return paused
 
     def _cleanup(self) -> None:
