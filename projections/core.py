@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -114,6 +114,7 @@ def admit(
     *,
     where: str = "",
     log: logging.Logger = _log,
+    fields: Mapping[str, object] | None = None,
 ) -> Admission:
     """Validate `env`; yields `Request`s, returns the envelopes to handle (gap fillers first)."""
     pid, seq_nr = env.persistence_id, env.seq_nr
@@ -131,14 +132,16 @@ def admit(
         missing: Sequence[EventEnvelope] = yield MissingEvents(pid, v.missing_from, v.missing_to)
         for earlier in missing:
             stats.gaps_filled += 1
-            accepted += yield from admit(state, earlier, stats, where=where, log=log)
+            accepted += yield from admit(state, earlier, stats, where=where, log=log, fields=fields)
         log.info(
             "projection %s: gap before %r seq_nr %d filled with %d event(s)",
             where,
             pid,
             seq_nr,
             len(missing),
-        )
+            extra={**(fields or {}), "event": "gap_filled", "persistence_id": pid,
+                   "seq_nr": seq_nr, "events": len(missing)},
+        )  # fmt: skip
         v = state.validate(pid, seq_nr, env.slice, env.db_timestamp, None)
         if not v.accepted:
             stats.duplicates += 1
@@ -317,6 +320,7 @@ class ProjectionCore:
         state: OffsetState | None = None,
         where: str = "",
         log: logging.Logger = _log,
+        fields: Mapping[str, object] | None = None,
     ) -> None:
         self.mode = mode
         self.settings = settings
@@ -324,6 +328,8 @@ class ProjectionCore:
         self.stats = stats if stats is not None else ProjectionStats()
         self.where = where
         self.log = log
+        # The structured fields of its log lines (projection, range): `extra=`.
+        self.fields = dict(fields or {})
         self.state = state if state is not None else OffsetState(settings.time_window)
         self._batcher = Batcher.for_mode(mode, settings)
         self._progress: datetime | None = None
@@ -357,7 +363,9 @@ class ProjectionCore:
             self.stats.heartbeats += 1
             return None if env.offset is None else self.progress(env.offset.timestamp, now)
         self._offered = env
-        self._conversation = admit(self.state, env, self.stats, where=self.where, log=self.log)
+        self._conversation = admit(
+            self.state, env, self.stats, where=self.where, log=self.log, fields=self.fields
+        )
         return self._converse(None, now)
 
     def progress(self, timestamp: datetime, now: float) -> Action | None:

@@ -108,8 +108,14 @@ class SparkLeases:
                     )
                 fences.append(Fence(self.name, r, self.owner, epoch, self.ttl_ms))
         self.fences = tuple(fences)
-        _log.info("spark owner %s holds %s in %d range(s)", self.owner, self.name, len(fences))
+        fields = self._extra("lease_claimed", ranges=[r.key for r in self.ranges])
+        _log.info("spark owner %s holds %s in %d range(s)", self.owner, self.name, len(fences),
+                  extra=fields)  # fmt: skip
         return self.fences
+
+    def _extra(self, event: str, **more: object) -> dict[str, object]:
+        """A lease log line's structured fields (`extra=`)."""
+        return {"projection": self.name, "worker": self.owner, "event": event, **more}
 
     def renew(self) -> bool:
         """Extend every lease; False if any was lost (taken over after expiring)."""
@@ -127,7 +133,8 @@ class SparkLeases:
             for f in self.fences:
                 release_lease(conn, self._sql, self.name, self.owner, f.epoch)
         self.fences = ()
-        _log.info("spark owner %s released %s", self.owner, self.name)
+        _log.info("spark owner %s released %s", self.owner, self.name,
+                  extra=self._extra("lease_released"))  # fmt: skip
 
     def keep_alive(self, active: Callable[[], bool], on_lost: Callable[[], None]) -> None:
         """Renew every TTL / 3 while `active()`; release when it turns false. A lease that
@@ -145,11 +152,13 @@ class SparkLeases:
                     due = time.monotonic() + interval
                     try:
                         if not self.renew():
-                            _log.error("spark owner %s lost a lease of %s", self.owner, self.name)
+                            _log.error("spark owner %s lost a lease of %s", self.owner,
+                                       self.name, extra=self._extra("lease_lost"))  # fmt: skip
                             on_lost()
                             break
                     except Exception as error:  # the database is away: retry next tick
-                        _log.warning("renewing the leases of %s failed: %s", self.name, error)
+                        _log.warning("renewing the leases of %s failed: %s", self.name, error,
+                                     extra=self._extra("retry", error=str(error)))  # fmt: skip
             finally:
                 with contextlib.suppress(Exception):
                     self.release()

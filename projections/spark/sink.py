@@ -137,7 +137,12 @@ class _PartitionRun:
         self.dao = OffsetDao(self.tables, applier.offset_name)
         self.where = f"{applier.offset_name} {self.key} (spark)"
         self.core = ProjectionCore(
-            Mode.GROUPED, applier.projection_settings, r, where=self.where, log=_log
+            Mode.GROUPED,
+            applier.projection_settings,
+            r,
+            where=self.where,
+            log=_log,
+            fields={"projection": applier.offset_name, "range": self.key, "runner": "spark"},
         )
 
     def start(self, conn: Connection[Any]) -> None:

@@ -73,8 +73,9 @@ class SyncProjectionGroup:
         self._instances = instances
         self.start()
         name = self.projections[0].name if self.projections else "?"
+        fields = {"projection": name, "event": "rescaled", "instances": instances}
         _log.info("projection %s rescaled from %d to %d instances", name, before, instances,
-                  extra={"projection": name, "event": "rescaled", "instances": instances})  # fmt: skip
+                  extra=fields)  # fmt: skip
 
     def failed(self) -> BaseException | None:
         """The first failure among running instances, if any."""
