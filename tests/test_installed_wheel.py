@@ -12,8 +12,11 @@ user's program type-checks against the installed package (`py.typed`).
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +39,23 @@ COMMANDS = (
     "clear-offset",
     "dead-letters",
 )
+
+WORKER_APP = """
+from typing import Any
+
+from journal import EventEnvelope, Journal, SliceRange
+from projections import Projection
+
+
+async def count(env: EventEnvelope) -> None:
+    pass
+
+
+def factory(journal: Journal, slice_range: SliceRange) -> Projection:
+    return Projection.at_least_once(
+        journal, name="installed", entity_type="Note", slice_range=slice_range, handler=count
+    )
+"""
 
 USER_PROGRAM = """
 import os
@@ -107,8 +127,41 @@ def test_the_bare_wheel_runs_the_cli_and_a_program(bare: tuple[Path, Path], pg_d
         for n in (1, 2):
             out = run([str(bin_dir / "python"), "program.py"], work, env)
             assert out.stdout.strip() == f"read back {n}"
+        run_worker_and_status(bin_dir, work, pg_dsn, schema)
     finally:
         drop_test_schema(pg_dsn, schema)
+
+
+def run_worker_and_status(bin_dir: Path, work: Path, dsn: str, schema: str) -> None:
+    """`slicejournal worker` runs a factory of the user's module; `status` sees its range
+    owned; SIGTERM stops it cleanly."""
+    (work / "app.py").write_text(WORKER_APP)
+    where = ["--dsn", dsn, "--schema", schema]
+    cli = str(bin_dir / "slicejournal")
+    unknown = subprocess.run([cli, "status", "installed", *where], cwd=work, env=clean_env(),
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert unknown.returncode == 1 and "installed" in unknown.stderr, unknown.stderr
+    worker = subprocess.Popen(
+        [cli, "worker", "app:factory", *where, "--instances", "1", "--lease-ttl", "2"],
+        cwd=work, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            status = subprocess.run([cli, "status", "installed", *where], cwd=work,
+                                    env=clean_env(), capture_output=True, text=True,
+                                    timeout=60, check=False)  # fmt: skip
+            if status.returncode == 0 and re.search(r"^0-1023\s+\S+:\d+\s+\d", status.stdout, re.M):
+                break
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            assert time.monotonic() < deadline, status.stdout + status.stderr
+            time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
 
 
 @pytest.mark.timeout(120)
