@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,11 +16,11 @@ from journal.schema import Migration
 from journal.settings import JournalSettings
 from slicejournal import __version__
 from slicejournal.fleet_cli import add_fleet_parsers
+from slicejournal.logs import add_log_options, configure_logging
 from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
 SPARK_DEMO_SCHEMA = "slicejournal_spark_demo"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 async def _migrate(dsn: str, settings: JournalSettings, *, dry_run: bool) -> list[Migration]:
@@ -61,14 +60,6 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -126,19 +117,14 @@ def _add_demo_parser(
     p.set_defaults(func=func)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `slicejournal` command's parser, every subcommand registered."""
     parser = argparse.ArgumentParser(prog="slicejournal", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_log_options(parser, top_level=True)
     logs = argparse.ArgumentParser(add_help=False)
-    logs.add_argument(
-        "--log-level",
-        default="warning",
-        type=str.lower,
-        choices=LOG_LEVELS,
-        help="log to stderr from this level on (default: warning; info shows the "
-        "projections' lifecycle)",
-    )
+    add_log_options(logs)
     dsn = argparse.ArgumentParser(add_help=False, parents=[logs])
     dsn.add_argument("--dsn", help="PostgreSQL DSN (default: $SLICEJOURNAL_DSN, else embedded)")
     for name, help_text in (
@@ -175,8 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     add_server_parser(sub)
     add_fleet_parsers(sub, dsn, _bounded_int)
-    args = parser.parse_args(argv)
-    _configure_logging(args.log_level)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))
     except JournalError as e:

@@ -13,19 +13,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
+import json
 import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistry, SliceRange
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
+from journal.errors import JournalError
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.backlog import Backlog
@@ -67,8 +72,8 @@ def load_target(spec: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InvalidArgument(f"cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # not only ImportError: the module's own code may fail
+        raise InvalidArgument(f"cannot import {module_name!r}: {type(e).__name__}: {e}") from None
     try:
         factory = getattr(module, attr)
     except AttributeError:
@@ -77,7 +82,34 @@ def load_target(spec: str) -> Any:
         raise InvalidArgument(
             f"{spec} is neither a factory (journal, slice_range) -> Projection nor a WorkerApp"
         )
+    check_factory_signature(spec, getattr(factory, "factory", factory))
     return factory
+
+
+def check_factory_signature(spec: str, factory: Callable[..., Any]) -> None:
+    """`InvalidArgument` unless `factory` can be called as `factory(journal, slice_range)`."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: its call will tell
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise InvalidArgument(
+            f"{spec} must take (journal, slice_range) and return a Projection; "
+            f"its signature is {signature}"
+        ) from None
+
+
+def positive_float(text: str) -> float:
+    """An argparse type for seconds and other quantities: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
 
 
 def _journal_settings(args: argparse.Namespace) -> JournalSettings:
@@ -161,7 +193,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     return "the worker's event loop did not answer within 5 s"
                 return None
 
-            server = serve_http(args.metrics_port, args.metrics_addr, live=live, ready=worker.ready)
+            try:
+                server = serve_http(
+                    args.metrics_port, args.metrics_addr, live=live, ready=worker.ready
+                )
+            except OSError as e:  # the port is taken, the address is not this host's, ...
+                raise JournalError(
+                    f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: "
+                    f"{e.strerror or e}"
+                ) from None
             print(f"metrics, health on http://{server.host}:{server.port}/metrics "
                   "/healthz /readyz", flush=True)  # fmt: skip
         print(f"worker {worker.me} runs projection {worker.name}; SIGTERM to stop", flush=True)
@@ -233,10 +273,15 @@ def backlog_cells(backlog: Backlog | None) -> tuple[str, str]:
     return f"{backlog.age_seconds:.1f}s", f"{backlog.size}{'+' if backlog.capped else ''}"
 
 
-def format_status(status: FleetStatus) -> str:
-    head = ("range", "owner", "epoch", "backlog_age", "backlog", "paused", "resume_from",
-            "restarts", "last_error")  # fmt: skip
-    rows: list[tuple[str, ...]] = [head]
+def format_status(
+    status: FleetStatus, rates: Mapping[SliceRange, float | None] | None = None
+) -> str:
+    """The table `status` prints; with `rates` (`--watch`), an events/s column too."""
+    head = ["range", "owner", "epoch", "backlog_age", "backlog", "paused", "resume_from",
+            "restarts", "last_error"]  # fmt: skip
+    if rates is not None:
+        head.insert(5, "events/s")
+    rows: list[tuple[str, ...]] = [tuple(head)]
     for r in status.ranges:
         age, size = backlog_cells(r.backlog)
         resume = "-" if r.resume_from is None else r.resume_from.isoformat(timespec="milliseconds")
@@ -244,8 +289,12 @@ def format_status(status: FleetStatus) -> str:
         # Whole (the last column, it widens no other), on one line: a handler's failure
         # reads "ProjectionError: projection NAME RANGE failed on PID seq_nr N ...: CAUSE".
         error = " ".join((r.last_error or "-").split())
-        rows.append((str(r.slice_range), owner, str(r.epoch or "-"), age, size,
-                     "yes" if r.paused else "no", resume, str(r.restarts), error))  # fmt: skip
+        row = [str(r.slice_range), owner, str(r.epoch or "-"), age, size,
+               "yes" if r.paused else "no", resume, str(r.restarts), error]  # fmt: skip
+        if rates is not None:
+            rate = rates.get(r.slice_range)
+            row.insert(5, "-" if rate is None else f"{rate:.1f}")
+        rows.append(tuple(row))
     lines = [
         f"projection {status.name} (entity type {status.entity_type}): {status.instances} "
         f"ranges, {len(status.workers)} live worker(s), lease TTL {status.lease_ttl:g}s"
@@ -256,17 +305,131 @@ def format_status(status: FleetStatus) -> str:
     return "\n".join(lines)
 
 
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def status_document(
+    status: FleetStatus, rates: Mapping[SliceRange, float | None] | None = None
+) -> dict[str, Any]:
+    """`status --json`: the fleet as one JSON object (seconds as numbers, times ISO 8601,
+    null where not known); with `rates` (`--watch`), each range's events_per_second."""
+    ranges = []
+    for r in status.ranges:
+        b = r.backlog
+        entry: dict[str, Any] = {
+            "range": r.slice_range.key,
+            "min_slice": r.slice_range.min_slice,
+            "max_slice": r.slice_range.max_slice,
+            "owner": r.owner,
+            "running": r.running,
+            "epoch": r.epoch,
+            "unowned_for_seconds": r.unowned_for,
+            "backlog_age_seconds": None if b is None else b.age_seconds,
+            "backlog_events": None if b is None else b.size,
+            "backlog_capped": None if b is None else b.capped,
+            "oldest_unhandled": None if b is None else _iso(b.oldest_unhandled),
+            "paused": r.paused,
+            "resume_from": _iso(r.resume_from),
+            "restarts": r.restarts,
+            "last_error": r.last_error,
+        }
+        if rates is not None:
+            entry["events_per_second"] = rates.get(r.slice_range)
+        ranges.append(entry)
+    return {
+        "projection": status.name,
+        "entity_type": status.entity_type,
+        "instances": status.instances,
+        "lease_ttl_seconds": status.lease_ttl,
+        "workers": list(status.workers),
+        "converged": status.converged,
+        "orphaned": [r.slice_range.key for r in status.orphaned],
+        "leftovers": [r.key for r in status.leftovers],
+        "ranges": ranges,
+    }
+
+
+def events_per_second(before: Backlog, after: Backlog, appended: int) -> float | None:
+    """A range's throughput between two backlog readings: what waited before, plus what
+    was appended between them, less what waits now, over the time between them. None
+    when it cannot be told (a capped count, a reading without its time)."""
+    if before.capped or after.capped or before.measured_at is None or after.measured_at is None:
+        return None
+    seconds = (after.measured_at - before.measured_at).total_seconds()
+    if seconds <= 0:
+        return None
+    return max(0, before.size + appended - after.size) / seconds
+
+
+async def _appended_between(
+    journal: Journal, entity_type: str, r: SliceRange, since: datetime, until: datetime
+) -> int:
+    """Events of the range stored with since < db_timestamp <= until (index probes per
+    slice, as the backlog's reading)."""
+    query = sql.SQL(
+        "SELECT count(*) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
+        "LATERAL (SELECT 1 FROM {j} WHERE slice = s.slice AND entity_type = %(et)s "
+        "AND db_timestamp > %(since)s AND db_timestamp <= %(until)s AND NOT deleted) AS e"
+    ).format(j=journal.tables.journal)
+    params = {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type, "since": since,
+              "until": until}  # fmt: skip
+    async with journal.pool.connection() as conn:
+        cur = await conn.execute(query, params)
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _rates(
+    journal: Journal, before: FleetStatus, after: FleetStatus
+) -> dict[SliceRange, float | None]:
+    """events/s per range of `after` since `before` (None for a range new since then)."""
+    earlier = {r.slice_range: r.backlog for r in before.ranges}
+    rates: dict[SliceRange, float | None] = {}
+    for r in after.ranges:
+        b0, b1 = earlier.get(r.slice_range), r.backlog
+        if b0 is None or b1 is None or b0.measured_at is None or b1.measured_at is None:
+            rates[r.slice_range] = None
+            continue
+        appended = await _appended_between(
+            journal, after.entity_type, r.slice_range, b0.measured_at, b1.measured_at
+        )
+        rates[r.slice_range] = events_per_second(b0, b1, appended)
+    return rates
+
+
+def _show(status: FleetStatus, args: argparse.Namespace, rates: Any = None) -> None:
+    if args.json:
+        print(json.dumps(status_document(status, rates)), flush=True)
+        return
+    if args.watch and sys.stdout.isatty():
+        print("\x1b[H\x1b[2J", end="")  # a refreshing screen, as top's
+    print(format_status(status, rates), flush=True)
+    if args.watch:
+        print(flush=True)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     async def body(journal: Journal) -> int:
-        status = await FleetControl(journal).status(args.name)
-        print(format_status(status))
+        control = FleetControl(journal)
+        status = await control.status(args.name)
+        _show(status, args, {} if args.watch else None)
+        refreshes = 1
+        while args.watch and (args.count is None or refreshes < args.count):
+            await asyncio.sleep(args.interval)
+            previous, status = status, await control.status(args.name)
+            _show(status, args, await _rates(journal, previous, status))
+            refreshes += 1
         problem = orphan_message(status)
         if problem is not None:
             print(f"slicejournal: {problem}", file=sys.stderr)
             return ORPHANED
         return 0
 
-    return asyncio.run(_with_journal(args, body))
+    try:
+        return asyncio.run(_with_journal(args, body))
+    except KeyboardInterrupt:  # Ctrl-C ends --watch: that is how it is meant to stop
+        return 0
 
 
 def _management_command(
@@ -311,6 +474,15 @@ async def _clear_offset(journal: Journal, args: argparse.Namespace) -> str:
 
 async def _dead_letters(journal: Journal, args: argparse.Namespace) -> str:
     letters = await ProjectionManagement(journal).dead_letters(args.name)
+    if args.json:
+        return json.dumps(
+            [
+                {"persistence_id": d.persistence_id, "seq_nr": d.seq_nr, "slice": d.slice,
+                 "db_timestamp": d.db_timestamp.isoformat(), "error": d.error,
+                 "failed_at": d.failed_at.isoformat()}
+                for d in letters
+            ]
+        )  # fmt: skip
     if not letters:
         return f"projection {args.name}: no dead letters"
     return "\n".join(
@@ -339,10 +511,10 @@ def add_fleet_parsers(
         "leases, exit 0.",
     )
     p.add_argument("factory", metavar="MODULE:ATTR")
-    p.add_argument("--instances", type=int, default=4,
+    p.add_argument("--instances", type=bounded_int(1, 1024), default=4,
                    help="instance count used when none is stored yet (default 4)")  # fmt: skip
     p.add_argument("--worker-id", default=None, help="this worker's id (default host:pid)")
-    p.add_argument("--lease-ttl", type=float, default=10.0,
+    p.add_argument("--lease-ttl", type=positive_float, default=10.0,
                    help="seconds a lease lasts without renewal (default 10)")  # fmt: skip
     p.add_argument("--metrics-port", type=bounded_int(0, 65535), default=None,
                    help="serve /metrics, /healthz and /readyz on this port")  # fmt: skip
@@ -359,9 +531,9 @@ def add_fleet_parsers(
         "every range of the new split is owned and running.",
     )
     p.add_argument("name")
-    p.add_argument("instances", type=int)
+    p.add_argument("instances", type=bounded_int(1, 1024))
     p.add_argument("--no-wait", action="store_true", help="return at once")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="seconds to wait for convergence (default 120)")  # fmt: skip
     p.set_defaults(func=cmd_scale)
 
@@ -369,6 +541,15 @@ def add_fleet_parsers(
                        description="One line per range of the current split. Exits 3 if a "
                        "range has had no owner for longer than twice the lease TTL.")  # fmt: skip
     p.add_argument("name")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object (with --watch: one per refresh, a line each)")  # fmt: skip
+    p.add_argument("--watch", action="store_true",
+                   help="refresh until Ctrl-C, with each range's events/s since the last "
+                   "refresh")  # fmt: skip
+    p.add_argument("--interval", type=positive_float, default=2.0,
+                   help="seconds between --watch refreshes (default 2)")  # fmt: skip
+    p.add_argument("--count", type=bounded_int(1, 1_000_000), default=None,
+                   help="with --watch: stop after this many refreshes")  # fmt: skip
     p.set_defaults(func=cmd_status)
 
     ranged = argparse.ArgumentParser(add_help=False, parents=[common])
@@ -387,4 +568,5 @@ def add_fleet_parsers(
     p.set_defaults(func=_management_command(_set_offset))
     p = sub.add_parser("dead-letters", parents=[common], help="events a projection skipped")
     p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="a JSON array of the dead letters")
     p.set_defaults(func=_management_command(_dead_letters))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from journal.dsn import DSN_ENV, display_dsn
 from slicejournal.embedded import DATA_DIR_ENV, EmbeddedPostgres, ServerStatus
+from slicejournal.logs import add_log_options
 
 NOT_RUNNING = 3  # the exit status of `status` when no server runs (as `pg_ctl status`)
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,13 +29,7 @@ def add_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help=f"the server's data directory (default: ${DATA_DIR_ENV}, else .slicejournal/pgdata)",
     )
-    common.add_argument(
-        "--log-level",
-        default="warning",
-        type=str.lower,
-        choices=LOG_LEVELS,
-        help="log to stderr from this level on (default: warning)",
-    )
+    add_log_options(common)
     p_server = sub.add_parser(
         "server",
         help="start, stop or inspect the embedded PostgreSQL",

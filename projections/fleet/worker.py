@@ -136,7 +136,13 @@ class FleetWorker:
         self.telemetry = telemetry_for_runner(telemetry)
         self.factory = factory
         self.settings = settings or WorkerSettings()
-        probe = factory(journal, SliceRange.FULL)  # construction only: learns name and entity type
+        try:  # construction only: learns name and entity type
+            probe = factory(journal, SliceRange.FULL)
+        except Exception as error:
+            raise InvalidArgument(
+                f"the factory failed when called as factory(journal, SliceRange(0, 1023)): "
+                f"{type(error).__name__}: {error}"
+            ) from error
         if not isinstance(probe, Projection):
             raise InvalidArgument(
                 f"the factory must return a Projection, got {type(probe).__name__}"
