@@ -99,9 +99,9 @@ from _common import (
 )
 from psycopg import AsyncConnection, sql
 
-from journal import EventEnvelope, Journal, JournalSettings, SliceRange, UnknownProjection
+from journal import EventEnvelope, Journal, JournalSettings, SliceRange
 from journal.tables import Tables
-from projections import Projection, ProjectionGroup, ProjectionSettings
+from projections import Projection, ProjectionGroup, ProjectionSettings, UnknownProjection
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.fleet.status import FleetStatus

@@ -10,7 +10,7 @@ The public API; everything not re-exported here is private.
 Every error it raises is a `JournalError`: `ConnectionFailed` (server unreachable or
 refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
 `slicejournal init`), `InvalidArgument` / `InvalidSettings` / `InvalidPersistenceId`
-(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, the
+(also `ValueError`s), `ConcurrencyError`, the
 (de)serialization and embedded-server errors, and `ProtocolError` (a driver bug: a
 state machine driven out of order). The projections' errors derive from it too.
 """
@@ -24,7 +24,6 @@ from journal.errors import (
     ConnectionLost,
     DatabaseError,
     DeserializationError,
-    EmbeddedServerError,
     InvalidArgument,
     InvalidPersistenceId,
     InvalidSettings,
@@ -36,7 +35,6 @@ from journal.errors import (
     SchemaOutdated,
     SchemaTooNew,
     SerializationError,
-    UnknownProjection,
 )
 from journal.model import (
     NOT_LOADED,
@@ -75,6 +73,7 @@ if TYPE_CHECKING:
     from journal.aio.journal import Journal
     from journal.sync.aggregate import SyncAggregateRepository
     from journal.sync.journal import SyncJournal
+    from journal.telemetry import WriteTelemetry, use_telemetry
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -84,6 +83,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Journal": "journal.aio.journal",
         "SyncAggregateRepository": "journal.sync.aggregate",
         "SyncJournal": "journal.sync.journal",
+        **dict.fromkeys(("WriteTelemetry", "use_telemetry"), "journal.telemetry"),
     },
 )
 
@@ -99,7 +99,6 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DeserializationError",
-    "EmbeddedServerError",
     "EventEnvelope",
     "HorizonSettings",
     "InvalidArgument",
@@ -127,8 +126,9 @@ __all__ = [
     "SyncAggregateRepository",
     "SyncJournal",
     "TimestampOffset",
-    "UnknownProjection",
+    "WriteTelemetry",
     "entity_type_of",
     "slice_for",
     "slice_ranges",
+    "use_telemetry",
 ]

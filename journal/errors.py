@@ -88,18 +88,6 @@ class SchemaTooNew(JournalError):
         )
 
 
-class UnknownProjection(JournalError):
-    """No projection of that name ever stored an offset, was paused/resumed or dead-lettered."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(
-            f"unknown projection {name!r}: it has no stored offsets, no pause/resume entries "
-            "and no dead letters (check the name; a projection is known once it has "
-            "processed an event or been paused, resumed or given an offset)"
-        )
-
-
 class ProtocolError(JournalError, RuntimeError):
     """A sans-I/O state machine (the slice query's, a projection's `ProjectionCore`) was
     driven out of order, or the database answered what no statement can: a driver bug,
@@ -135,7 +123,3 @@ class DeserializationError(JournalError):
         if persistence_id is not None:
             where = f" (persistence id {persistence_id!r}, seq_nr {seq_nr})"
         super().__init__(message + where)
-
-
-class EmbeddedServerError(JournalError):
-    """The embedded PostgreSQL server could not be started, stopped or inspected."""

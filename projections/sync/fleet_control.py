@@ -18,10 +18,11 @@ from collections.abc import Callable
 from datetime import datetime
 
 from journal.connection import translate_errors
-from journal.errors import JournalError, UnknownProjection
+from journal.errors import JournalError
 from journal.slices import SliceRange, slice_ranges
 from journal.sync.flavour import sleep
 from journal.sync.journal import SyncJournal
+from projections.errors import UnknownProjection
 from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus, LeaseStatus
 from projections.management import check_timestamp

@@ -20,10 +20,10 @@ from typing import Any
 from psycopg import Connection
 
 from journal.connection import translate_errors
-from journal.errors import UnknownProjection
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
 from projections.backlog import Backlog
+from projections.errors import UnknownProjection
 from projections.management import (
     DeadLetter,
     RangeStatus,

@@ -23,9 +23,8 @@ from journal import (
     JournalSettings,
     SchemaNotInitialized,
     SliceRange,
-    UnknownProjection,
 )
-from projections import Projection, ProjectionManagement
+from projections import Projection, ProjectionManagement, UnknownProjection
 from projections.names import validate_name
 from tests.support.errors import MALFORMED, PASSWORD, closed_port
 from tests.support.pg import drop_test_schema

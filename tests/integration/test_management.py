@@ -26,7 +26,6 @@ from journal import (
     slice_for,
     slice_ranges,
 )
-from journal.errors import UnknownProjection
 from projections import (
     DeadLetter,
     Mode,
@@ -36,6 +35,7 @@ from projections import (
     Record,
 )
 from projections.aio.offset_dao import OffsetDao
+from projections.errors import UnknownProjection
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR
 from tests.support import bank
 from tests.support.pg import fast_query_settings
