@@ -10,7 +10,7 @@ The public API; everything not re-exported here is private.
 Every error it raises is a `JournalError`: `ConnectionFailed` (server unreachable or
 refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
 `slicejournal init`), `InvalidArgument` / `InvalidSettings` / `InvalidPersistenceId`
-(also `ValueError`s), `ConcurrencyError`, the
+(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, the
 (de)serialization and embedded-server errors, and `ProtocolError` (a driver bug: a
 state machine driven out of order). The projections' errors derive from it too.
 """
@@ -24,6 +24,7 @@ from journal.errors import (
     ConnectionLost,
     DatabaseError,
     DeserializationError,
+    EmbeddedServerError,
     InvalidArgument,
     InvalidPersistenceId,
     InvalidSettings,
@@ -35,6 +36,7 @@ from journal.errors import (
     SchemaOutdated,
     SchemaTooNew,
     SerializationError,
+    UnknownProjection,
 )
 from journal.model import (
     NOT_LOADED,
@@ -99,6 +101,7 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DeserializationError",
+    "EmbeddedServerError",
     "EventEnvelope",
     "HorizonSettings",
     "InvalidArgument",
@@ -126,6 +129,7 @@ __all__ = [
     "SyncAggregateRepository",
     "SyncJournal",
     "TimestampOffset",
+    "UnknownProjection",
     "WriteTelemetry",
     "entity_type_of",
     "slice_for",

@@ -47,10 +47,12 @@ class Backlog:
 
     @property
     def age_seconds(self) -> float:
+        """`age` in seconds (0.0: nothing waits)."""
         return self.age.total_seconds()
 
     @property
     def caught_up(self) -> bool:
+        """True when no event of the range waits to be handled."""
         return self.size == 0
 
 

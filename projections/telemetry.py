@@ -205,6 +205,7 @@ class RecordingTelemetry(Telemetry):
         self._lock = threading.Lock()
 
     def add(self, call: Call) -> None:
+        """Record one call (every hook method of this telemetry and its instances does)."""
         with self._lock:
             self.calls.append(call)
 
