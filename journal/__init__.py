@@ -10,7 +10,7 @@ The public API; everything not re-exported here is private.
 Every error it raises is a `JournalError`: `ConnectionFailed` (server unreachable or
 refusing, within `JournalSettings.connect_timeout`), `SchemaNotInitialized` (run
 `slicejournal init`), `InvalidArgument` / `InvalidSettings` / `InvalidPersistenceId`
-(also `ValueError`s), `ConcurrencyError`, `UnknownProjection`, the
+(also `ValueError`s), `ConcurrencyError`, the
 (de)serialization and embedded-server errors, and `ProtocolError` (a driver bug: a
 state machine driven out of order). The projections' errors derive from it too.
 """
@@ -24,7 +24,6 @@ from journal.errors import (
     ConnectionLost,
     DatabaseError,
     DeserializationError,
-    EmbeddedServerError,
     InvalidArgument,
     InvalidPersistenceId,
     InvalidSettings,
@@ -36,7 +35,6 @@ from journal.errors import (
     SchemaOutdated,
     SchemaTooNew,
     SerializationError,
-    UnknownProjection,
 )
 from journal.model import (
     NOT_LOADED,
@@ -101,7 +99,6 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DeserializationError",
-    "EmbeddedServerError",
     "EventEnvelope",
     "HorizonSettings",
     "InvalidArgument",
@@ -129,7 +126,6 @@ __all__ = [
     "SyncAggregateRepository",
     "SyncJournal",
     "TimestampOffset",
-    "UnknownProjection",
     "WriteTelemetry",
     "entity_type_of",
     "slice_for",

@@ -11,9 +11,8 @@ The public API; everything not re-exported here is private.
 from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
-from journal.errors import UnknownProjection
 from projections.core import Mode, ProjectionCore, ProjectionStats
-from projections.errors import LeaseLost, OffsetConflict, ProjectionError
+from projections.errors import LeaseLost, OffsetConflict, ProjectionError, UnknownProjection
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.settings import ProjectionSettings
