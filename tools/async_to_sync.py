@@ -123,7 +123,19 @@ def keep_sync_branches(text: str) -> str:
     return "".join(out)
 
 
+# Phrases of docstrings and comments that name the flavour.
+DOC_PHRASES = {
+    "asyncio here": "blocking here",
+    "asyncio drivers": "blocking drivers",
+    "async driver": "sync driver",
+    "async executor": "sync executor",
+    "async aggregate": "sync aggregate",
+}
+_PHRASE_PATTERN = re.compile("|".join(map(re.escape, DOC_PHRASES)))
+
+
 def _rename_docs(text: str) -> str:
+    text = _PHRASE_PATTERN.sub(lambda m: DOC_PHRASES[m.group(0)], text)
     return _DOC_PATTERN.sub(lambda m: _DOC_NAMES[m.group(1)], text)
 
 

@@ -1,6 +1,7 @@
-"""The journal's asyncio drivers: the one source of every I/O behaviour.
+"""The journal's drivers, asyncio here: the one source of every I/O behaviour.
 
-`journal/sync/` is generated from these modules by `tools/async_to_sync.py`;
-the pure parts they execute (statements, the slice-query machine, row
-decoding) live beside them in `journal/`.
+The blocking twins in `journal/sync/` are generated from the modules of
+`journal/aio/` by `tools/async_to_sync.py`; the pure parts they execute
+(statements, the slice-query machine, row decoding) live beside them in
+`journal/`.
 """

@@ -1,6 +1,6 @@
 # Generated from journal/aio/aggregate.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The async aggregate repository: load, decide, persist, snapshot, retry.
+"""The sync aggregate repository: load, decide, persist, snapshot, retry.
 
 The rules (validation, folding, snapshot cadence, backoff) are
 `journal.aggregate.AggregateRules`; this module only performs the I/O.

@@ -1,6 +1,6 @@
 # Generated from journal/aio/by_persistence_id.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The async driver of the reads by persistence id, and of the list of ids.
+"""The sync driver of the reads by persistence id, and of the list of ids.
 
 These are simple keyset-paged reads; the live variant polls after it has
 caught up and is woken early by the same notifications the slice query uses.

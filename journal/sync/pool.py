@@ -1,6 +1,6 @@
 # Generated from journal/aio/pool.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""Connections, pools and schema checks of the async driver, with typed errors.
+"""Connections, pools and schema checks of the sync driver, with typed errors.
 
 Every connection the journal opens comes from `connect` or a `SyncJournalPool`, so
 an unreachable server, a bad password or a malformed DSN surfaces as a

@@ -1,6 +1,6 @@
 # Generated from journal/aio/slice_reader.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The async driver of the slice query: executes `BySliceQuery`'s requests.
+"""The sync driver of the slice query: executes `BySliceQuery`'s requests.
 
 The one I/O seam of the slice query: its requests (horizon reading, bucket
 counts, rows, database time, waits) are answered here and nowhere else, by

@@ -1,6 +1,6 @@
 # Generated from journal/aio/snapshots.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The async driver of snapshots: save, load and delete one id's snapshot row.
+"""The sync driver of snapshots: save, load and delete one id's snapshot row.
 
 The statements and the row decoding live in `journal/snapshots.py`.
 """

@@ -1,6 +1,6 @@
 # Generated from journal/aio/writer.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The async driver of the write path: appends and deletes on a pool or a caller's connection.
+"""The sync driver of the write path: appends and deletes on a pool or a caller's connection.
 
 What is stored and how (the statement, its parameters, the envelopes it
 returns) is decided in `journal/writer.py`; this module only executes it, and

@@ -1,8 +1,8 @@
-"""The projection runners' asyncio drivers: the one source of every I/O behaviour.
+"""The projection runners' drivers, asyncio here: the one source of every I/O behaviour.
 
-`projections/sync/` is generated from these modules by
-`tools/async_to_sync.py`. What decides (validation, gap fills, batching,
-progress markers) is the sans-I/O core in `projections/core.py` and
-`projections/offset_store.py`; the statements are in `projections/offset_sql.py`
-and `projections/management_sql.py`.
+The blocking twins in `projections/sync/` are generated from the modules of
+`projections/aio/` by `tools/async_to_sync.py`. What decides (validation, gap
+fills, batching, progress markers) is the sans-I/O core in
+`projections/core.py` and `projections/offset_store.py`; the statements are
+in `projections/offset_sql.py` and `projections/management_sql.py`.
 """

@@ -1,6 +1,6 @@
 # Generated from projections/aio/offset_dao.py by tools/async_to_sync.py: do not edit.
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
-"""The offset store's async executor: runs `OffsetSql` statements on a connection.
+"""The offset store's sync executor: runs `OffsetSql` statements on a connection.
 
 Saving happens on the caller's connection so exactly-once handlers commit
 their writes and the offsets in one transaction. The sync twin is generated
@@ -29,7 +29,7 @@ from projections.offset_store import Record
 
 
 class OffsetDao:
-    """Executes offset store statements for one projection name (async driver)."""
+    """Executes offset store statements for one projection name (sync driver)."""
 
     def __init__(self, tables: Tables, projection_name: str) -> None:
         self.name = projection_name
