@@ -107,6 +107,16 @@ class BalancesReadModel:
         self.insert_applied = sql.SQL(
             "INSERT INTO {} (pid, seq_nr, db_timestamp) VALUES (%s, %s, %s)"
         ).format(self.applied_table)
+        # A batch in two statements (one round trip each, never pipelined: a fenced
+        # transaction must sync every statement for its idle timeout to hold).
+        self.upsert_batch = sql.SQL(
+            "INSERT INTO {t} (pid, balance) SELECT * FROM unnest(%s::text[], %s::bigint[]) "
+            "ON CONFLICT (pid) DO UPDATE SET balance = {t}.balance + excluded.balance"
+        ).format(t=self.balances_table)
+        self.insert_applied_batch = sql.SQL(
+            "INSERT INTO {} (pid, seq_nr, db_timestamp) "
+            "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::timestamptz[])"
+        ).format(self.applied_table)
 
     async def create(self, conn: AsyncConnection[Any], *, applied_key: bool = False) -> None:
         """The two tables; `applied_key`: (pid, seq_nr) is `applied`'s primary key."""
@@ -120,21 +130,25 @@ class BalancesReadModel:
             ).format(b=self.balances_table, a=self.applied_table)
         )
 
-    def rows(self, envelopes: list[EventEnvelope]) -> tuple[list[Any], list[Any]]:
-        """The parameters of `upsert` (one delta per account) and `insert_applied`."""
+    def rows(self, envelopes: list[EventEnvelope]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The parameters of `upsert_batch` (one delta per account) and
+        `insert_applied_batch` (one row per event), as arrays."""
         deltas: dict[str, int] = {}
         for env in envelopes:
             pid = env.persistence_id
             deltas[pid] = deltas.get(pid, 0) + amount_of(env.event)
-        applied = [(e.persistence_id, e.seq_nr, e.db_timestamp) for e in envelopes]
-        return list(deltas.items()), applied
+        applied = (
+            [e.persistence_id for e in envelopes],
+            [e.seq_nr for e in envelopes],
+            [e.db_timestamp for e in envelopes],
+        )
+        return (list(deltas), list(deltas.values())), applied
 
     async def handle(self, conn: AsyncConnection[Any], envelopes: list[EventEnvelope]) -> None:
         """A batch of events, in the transaction that also stores their offsets."""
         upserts, applied = self.rows(envelopes)
-        async with conn.cursor() as cur:
-            await cur.executemany(self.upsert, upserts)
-            await cur.executemany(self.insert_applied, applied)
+        await conn.execute(self.upsert_batch, upserts)
+        await conn.execute(self.insert_applied_batch, applied)
 
     async def handle_one(self, conn: AsyncConnection[Any], envelope: EventEnvelope) -> None:
         """One event (exactly-once or at-least-once delivery of single envelopes)."""
@@ -145,9 +159,8 @@ class BalancesReadModel:
     def handle_sync(self, conn: psycopg.Connection[Any], envelopes: list[EventEnvelope]) -> None:
         """`handle` for a synchronous connection (the Spark executors)."""
         upserts, applied = self.rows(envelopes)
-        with conn.cursor() as cur:
-            cur.executemany(self.upsert, upserts)
-            cur.executemany(self.insert_applied, applied)
+        conn.execute(self.upsert_batch, upserts)
+        conn.execute(self.insert_applied_batch, applied)
 
     async def balances(self, conn: AsyncConnection[Any]) -> dict[str, int]:
         cur = await conn.execute(sql.SQL("SELECT pid, balance FROM {}").format(self.balances_table))
