@@ -20,6 +20,10 @@ EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _freeze_seen(value: Mapping[str, int] | None) -> Mapping[str, int]:
+    # A read-only view is taken as it is: the slice query builds a fresh one per
+    # row on its hot path, and copying it again would cost a dict per event.
+    if isinstance(value, MappingProxyType):
+        return value
     return MappingProxyType(dict(value or {}))
 
 

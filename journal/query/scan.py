@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 
 import attrs
 
@@ -26,10 +27,10 @@ def offset_after(
     tells which (pid, seq_nr) were already emitted there.
     """
     if ts > offset.timestamp:
-        return TimestampOffset(ts, read_timestamp, {pid: seq_nr})
+        return TimestampOffset(ts, read_timestamp, MappingProxyType({pid: seq_nr}))
     if ts < offset.timestamp or offset.seen.get(pid, 0) >= seq_nr:
         return None
-    return TimestampOffset(ts, read_timestamp, {**offset.seen, pid: seq_nr})
+    return TimestampOffset(ts, read_timestamp, MappingProxyType({**offset.seen, pid: seq_nr}))
 
 
 @attrs.frozen
