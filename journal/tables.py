@@ -16,6 +16,8 @@ from psycopg import sql
 from journal.settings import JournalSettings
 
 _INDEX_SUFFIX = "_slice_idx"
+# Where the migrations record each component's version (journal/schema.py).
+SCHEMA_VERSION_TABLE = "slicejournal_schema_version"
 
 
 def rendered(statement: sql.Composable) -> str:
@@ -104,7 +106,7 @@ class Tables:
     @cached_property
     def schema_version(self) -> sql.Identifier:
         """The table recording how far each component's migrations have run."""
-        return self._qualified("slicejournal_schema_version")
+        return self._qualified(SCHEMA_VERSION_TABLE)
 
     @cached_property
     def notify_channel(self) -> str:

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection, errors, sql
 
 from journal.errors import JournalError
 from journal.settings import JournalSettings
-from journal.tables import Tables
+from journal.tables import SCHEMA_VERSION_TABLE, Tables
 
 LEGACY_DEMO_SCHEMA = "slicejournal_demo"
 DEMO_MARK = "created by `slicejournal demo`; its tables are reset on every demo run"
@@ -36,6 +36,7 @@ def _demo_tables(settings: JournalSettings, read_models: tuple[str, ...]) -> lis
         settings.fleet_table,
         settings.fleet_worker_table,
         settings.lease_table,
+        SCHEMA_VERSION_TABLE,
         *read_models,
     ]
 
