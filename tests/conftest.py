@@ -27,9 +27,8 @@ from tests.support import ROOT
 from tests.support.pg import drop_test_schema, fast_query_settings, fresh_schema_name
 from tests.support.projections import bank_journal
 
-# Re-exported for test modules that still import them from here (to be moved to
-# tests.support.pg); bank_journal is a fixture every test may request.
-__all__ = ["bank_journal", "drop_test_schema", "fast_query_settings", "fresh_schema_name"]
+# A fixture every test may request (defined beside the projection helpers).
+__all__ = ["bank_journal"]
 
 
 def _docker_answers() -> bool:

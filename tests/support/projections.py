@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from psycopg import Connection, sql
 
-from journal import BacktrackingSettings, Journal, JournalSettings, SliceRange
+from journal import BacktrackingSettings, EventEnvelope, Journal, JournalSettings, SliceRange
 from projections import Projection, ProjectionSettings
 from tests.support import bank
 from tests.support.pg import fast_query_settings
@@ -72,3 +73,20 @@ async def eventually(
         if loop.time() > deadline:
             pytest.fail(f"never happened: {what}")
         await asyncio.sleep(0.05)
+
+
+def sync_handler(settings: JournalSettings) -> Any:
+    schema = settings.schema
+    applied = sql.SQL("INSERT INTO {} (pid, seq_nr) VALUES (%s, %s)").format(
+        sql.Identifier(schema, "applied")
+    )
+    balance = sql.SQL(
+        "INSERT INTO {b} (pid, balance) VALUES (%s, %s) "
+        "ON CONFLICT (pid) DO UPDATE SET balance = {b}.balance + excluded.balance"
+    ).format(b=sql.Identifier(schema, "balances"))
+
+    def handler(conn: Connection[Any], env: EventEnvelope) -> None:
+        conn.execute(applied, (env.persistence_id, env.seq_nr))
+        conn.execute(balance, (env.persistence_id, env.event["amount"]))
+
+    return handler

@@ -34,11 +34,11 @@ from journal import (
     slice_ranges,
 )
 from projections import Projection
-from tests import bank
-from tests.conftest import fast_query_settings
-from tests.test_interop import PekkoEvent, pekko_insert
-from tests.test_projections import FAST
-from tests.test_slice_queries import collect_until, journal_events
+from tests.support import bank
+from tests.support.pekko import PekkoEvent, pekko_insert
+from tests.support.pg import fast_query_settings
+from tests.support.projections import FAST
+from tests.support.slices import collect_until, journal_events
 
 # Backtracking re-reads 9 s: every long transaction below outlasts it.
 BACKTRACKING = BacktrackingSettings(window=6, behind_current_time=3)

@@ -23,11 +23,8 @@ from projections import (
     SyncProjectionGroup,
     SyncProjectionManagement,
 )
-from tests import bank
-from tests.test_projections import FAST, bank_journal, journal_settings
-from tests.test_sync_projection import sync_handler
-
-__all__ = ["bank_journal"]  # the fixture, re-used
+from tests.support import bank
+from tests.support.projections import FAST, journal_settings, sync_handler
 
 NAME = "balances"
 

@@ -8,33 +8,19 @@ import asyncio
 from typing import Any
 
 import pytest
-from psycopg import Connection, sql
+from psycopg import Connection
 
-from journal import EventEnvelope, Journal, JournalSettings, SliceRange, SyncJournal
+from journal import EventEnvelope, Journal, SliceRange, SyncJournal
 from projections import Projection, ProjectionError, RecoveryStrategy, SyncProjection
-from tests import bank
-from tests.test_projections import FAST, assert_exact, bank_journal, journal_settings
-
-__all__ = ["bank_journal"]  # the fixture, re-used
+from tests.support import bank
+from tests.support.projections import (
+    FAST,
+    assert_exact,
+    journal_settings,
+    sync_handler,
+)
 
 WHOLE = SliceRange(0, 1023)
-
-
-def sync_handler(settings: JournalSettings) -> Any:
-    schema = settings.schema
-    applied = sql.SQL("INSERT INTO {} (pid, seq_nr) VALUES (%s, %s)").format(
-        sql.Identifier(schema, "applied")
-    )
-    balance = sql.SQL(
-        "INSERT INTO {b} (pid, balance) VALUES (%s, %s) "
-        "ON CONFLICT (pid) DO UPDATE SET balance = {b}.balance + excluded.balance"
-    ).format(b=sql.Identifier(schema, "balances"))
-
-    def handler(conn: Connection[Any], env: EventEnvelope) -> None:
-        conn.execute(applied, (env.persistence_id, env.seq_nr))
-        conn.execute(balance, (env.persistence_id, env.event["amount"]))
-
-    return handler
 
 
 async def write(j: Journal, accounts: range, amount: int) -> None:

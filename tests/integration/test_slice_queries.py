@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import random
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -29,30 +28,10 @@ from journal import (
     slice_ranges,
 )
 from journal.model import NOT_LOADED
-from tests.conftest import fast_query_settings
+from tests.support.pg import fast_query_settings
+from tests.support.slices import collect_until, journal_events
 
 ENTITY = "Acc"
-
-
-async def journal_events(j: Journal) -> set[tuple[str, int]]:
-    async with await psycopg.AsyncConnection.connect(j.dsn) as conn:
-        cur = await conn.execute(
-            psycopg.sql.SQL("SELECT persistence_id, seq_nr FROM {} WHERE NOT deleted").format(
-                j.tables.journal
-            )
-        )
-        return {(p, s) for p, s in await cur.fetchall()}
-
-
-async def collect_until(
-    stream: AsyncIterator[EventEnvelope],
-    out: list[EventEnvelope],
-    done: asyncio.Event,
-) -> None:
-    async for env in stream:
-        out.append(env)
-        if done.is_set():
-            return
 
 
 def pids_across_all_slices(n: int) -> list[str]:
