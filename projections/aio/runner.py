@@ -598,13 +598,15 @@ async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[No
             await conn.execute("BEGIN")
             try:
                 yield
+                # A statement that failed on the server may surface only here, when
+                # the pipeline reads its results (late on a busy machine).
+                await conn.execute("COMMIT")
             except BaseException:
                 # Collect the results now, the skipped ones too: left for the
                 # pipeline's exit, each would be logged as an "ignored" error.
                 with contextlib.suppress(psycopg.Error):
                     await pipeline.sync()
                 raise
-            await conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()

@@ -594,13 +594,15 @@ def _pipelined_transaction(conn: Connection[Any]) -> Iterator[None]:
             conn.execute("BEGIN")
             try:
                 yield
+                # A statement that failed on the server may surface only here, when
+                # the pipeline reads its results (late on a busy machine).
+                conn.execute("COMMIT")
             except BaseException:
                 # Collect the results now, the skipped ones too: left for the
                 # pipeline's exit, each would be logged as an "ignored" error.
                 with contextlib.suppress(psycopg.Error):
                     pipeline.sync()
                 raise
-            conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.pg import drop_test_schema, fresh_schema_name
+from tests.support.readme import readme_examples
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = (
     "init",
     "demo",
@@ -189,6 +190,18 @@ def test_a_user_program_type_checks_against_the_installed_package(
         cwd=work, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert wrong.returncode == 1 and "Incompatible types" in wrong.stdout, wrong.stdout
+    # The README's examples too, those that need no extra (Spark, OpenTelemetry).
+    examples = [
+        text
+        for text in readme_examples()
+        if "projections.spark" not in text and "opentelemetry" not in text
+    ]
+    assert len(examples) >= 4
+    names = []
+    for i, text in enumerate(examples):
+        (work / f"readme_{i}.py").write_text(text)
+        names.append(f"readme_{i}.py")
+    run([str(bin_dir / "python"), "-m", "mypy", "--strict", *names], work, clean_env())
 
 
 EMBEDDED_PROGRAM = """

@@ -8,7 +8,6 @@ then run again, because a user runs an example more than once.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -19,12 +18,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
-
-
-def readme_examples() -> list[str]:
-    return BLOCK.findall(README.read_text(encoding="utf-8"))
+from tests.support.readme import readme_examples
 
 
 @pytest.fixture(scope="module")
