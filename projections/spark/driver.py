@@ -43,8 +43,10 @@ from projections.spark.leases import (
 from projections.spark.options import DEFAULT_PARTITIONS, parse_options
 from projections.spark.session import register
 from projections.spark.sink import PartitionApplier, SparkHandler
+from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
 from projections.sync.offset_dao import OffsetDao
+from projections.telemetry import NO_TELEMETRY, Telemetry, telemetry_for_runner
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -159,6 +161,7 @@ def project(
     lease_wait: timedelta = DEFAULT_LEASE_WAIT,
     serializers: Callable[[], SerializerRegistry] | None = None,
     query_name: str | None = None,
+    telemetry: Telemetry | None = None,
 ) -> StreamingQuery:
     """Run projection `name` on Spark, exactly once, and return the running `StreamingQuery`.
 
@@ -170,6 +173,10 @@ def project(
     "1 second"}`; `{"availableNow": True}` for a backfill that stops).
     `serializers` is a zero-argument factory of the `SerializerRegistry` that
     decodes typed events (it runs on every executor).
+
+    `telemetry` (default: the process's, `use_telemetry`) receives each
+    micro-batch and, if it samples them, each partition range's backlog, from
+    the driver (runner "spark"; see `projections/spark/telemetry.py`).
 
     Raises `ProjectionBusy` if fleet workers (or another Spark job) still hold
     slices of the range after `lease_wait`; the leases are released when the
@@ -208,6 +215,14 @@ def project(
         leases.release()
         raise
     leases.keep_alive(lambda: query.isActive, query.stop)
+    tel = telemetry_for_runner(telemetry)
+    if tel is not NO_TELEMETRY:
+        SparkQueryTelemetry(
+            tel, dsn=dsn, settings=settings, name=name, entity_type=entity_type,
+            slice_range=slice_range, ranges=tuple(ranges),
+            backlog_interval=(projection_settings or ProjectionSettings())
+            .backlog_sample_interval.total_seconds(),
+        ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query
 

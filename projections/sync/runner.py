@@ -58,7 +58,10 @@ from projections.core import (
     Action,
     Commit,
     Handle,
+    LoadPayload,
+    MissingEvents,
     Mode,
+    PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
     record_of,
@@ -370,8 +373,11 @@ class SyncProjection:
             if now >= next_cleanup:
                 next_cleanup = now + self.settings.cleanup_interval.total_seconds()
                 self._cleanup()
-            timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
-            item = queue_get(queue, timeout)
+            if not queue.empty():  # the common case while busy: no wait, no timer
+                item: _Item | None = queue.get_nowait()
+            else:
+                timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
+                item = queue_get(queue, timeout)
             if isinstance(item, EventEnvelope):
                 self._handle(item)
             elif item is not None and item is not _WAKE:
@@ -408,7 +414,10 @@ class SyncProjection:
     def _drive(self, action: Action | None) -> None:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
         core = self._core
-        while (action := self._reads.drive(core, action)) is not None:
+        while action is not None:
+            if isinstance(action, PreviousTimestamp | MissingEvents | LoadPayload):
+                action = self._reads.drive(core, action)
+                continue
             if isinstance(action, Handle):
                 skipped = self._batch([action.envelope], self._call_at_least_once)
                 action = (core.skipped if skipped else core.handled)(self._now())

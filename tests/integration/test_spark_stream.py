@@ -14,7 +14,7 @@ import pytest
 
 from journal import Journal
 from journal.slices import SliceRange
-from projections import Projection
+from projections import Projection, RecordingTelemetry
 from projections.spark import ProjectionBusy, project
 from tests.support import bank
 from tests.support.spark import bank_handler, dying_handler
@@ -135,3 +135,38 @@ async def test_handoff_to_in_process_runner_and_back(spark: Any, journal: Journa
     finally:
         await writers.stop()
         await _stop(query)
+
+
+@pytest.mark.timeout(300)
+async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
+    spark: Any, journal: Journal
+) -> None:
+    """The telemetry hook of the application's process sees a Spark projection like any
+    other runner: started, each micro-batch with its input rows, backlog samples per
+    partition range, stopped."""
+    await bank.create_read_model(journal)
+    for i in range(40):
+        await journal.append(bank.account(i), [{"amount": 1}], expected_seq_nr=0)
+    t = RecordingTelemetry(samples_backlog=True)
+    checkpoint = os.path.join(tempfile.mkdtemp(prefix="sj-spark-"), "ckpt")
+    query = await asyncio.to_thread(
+        _project, spark, journal, checkpoint, bank_handler(journal.settings.schema),
+        trigger={"processingTime": "1 second"}, telemetry=t, num_partitions=2,
+    )  # fmt: skip
+    try:
+        await bank.wait_until_projected(journal)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while sum(c.args[0] for c in t.named("batch_ended", NAME)) < 40 or not any(
+            c.args[0].size == 0 for c in t.named("backlog_sampled", NAME)
+        ):
+            assert loop.time() < deadline, t.calls
+            await asyncio.sleep(0.5)
+    finally:
+        await _stop(query)
+    deadline = asyncio.get_running_loop().time() + 30
+    while not t.named("stopped", NAME):
+        assert asyncio.get_running_loop().time() < deadline, "no stopped() after the query ended"
+        await asyncio.sleep(0.2)
+    assert [c.slice_range for c in t.named("started", NAME)] == ["0-1023"]
+    assert {c.slice_range for c in t.named("backlog_sampled", NAME)} == {"0-511", "512-1023"}

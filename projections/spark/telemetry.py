@@ -1,0 +1,129 @@
+"""A Spark projection's telemetry, reported from the driver.
+
+The sink runs on executors and PySpark calls the writer's `commit` in a
+Python worker process of its own, so neither can reach the telemetry hook a
+user installed in the application. The driver can: it owns the
+`StreamingQuery`. A daemon thread here follows `query.lastProgress` and
+reports each finished micro-batch (its input rows and duration) to the
+projection's instance hook (runner "spark"), and, when the hook samples
+backlogs, reads each partition range's backlog with the same statement as
+every other runner — so a Spark run appears in the same series as an
+in-process or fleet one. It ends with the query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from journal.settings import JournalSettings
+from journal.slices import SliceRange
+from journal.sync.pool import open_connection
+from journal.tables import Tables
+from projections.management_sql import ManagementSql
+from projections.sync.offset_dao import read_backlog
+from projections.telemetry import InstanceTelemetry, Telemetry
+
+_log = logging.getLogger("slicejournal.projections.spark")
+
+# How often the driver looks at the query's progress.
+POLL_SECONDS = 0.5
+
+
+def batch_of(progress: Any) -> tuple[int, int, float] | None:
+    """(batch id, input rows, seconds) of a `StreamingQuery.lastProgress`, or None."""
+    if not progress:
+        return None
+    try:
+        batch = int(progress["batchId"])
+        rows = int(progress.get("numInputRows", 0))
+        millis = float((progress.get("durationMs") or {}).get("triggerExecution", 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return batch, rows, millis / 1000
+
+
+class SparkQueryTelemetry:
+    """Reports one Spark projection's batches and backlog, from the driver."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        dsn: str,
+        settings: JournalSettings,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        ranges: tuple[SliceRange, ...],
+        backlog_interval: float,
+    ) -> None:
+        self.name = name
+        self.entity_type = entity_type
+        self.instance: InstanceTelemetry = telemetry.instance(name, slice_range.key, "spark")
+        self.ranges = {r: telemetry.instance(name, r.key, "spark") for r in ranges}
+        self._dsn = dsn
+        self._settings = settings
+        self._backlog_interval = backlog_interval
+        self._thread: threading.Thread | None = None
+
+    def watch(self, query: Any) -> None:
+        """Follow `query` from a daemon thread until it ends."""
+        self.instance.started()
+        self._thread = threading.Thread(
+            target=self._follow, args=(query,), name=f"slicejournal telemetry {self.name}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread (it ends soon after the query)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _follow(self, query: Any) -> None:
+        last_batch = -1
+        next_sample = time.monotonic()
+        error: BaseException | None = None
+        try:
+            while True:
+                active = bool(query.isActive)
+                last_batch = self._report_progress(query.lastProgress, last_batch)
+                if not active:
+                    break
+                if time.monotonic() >= next_sample and any(
+                    t.samples_backlog for t in self.ranges.values()
+                ):
+                    next_sample = time.monotonic() + self._backlog_interval
+                    self._sample_backlogs()
+                time.sleep(POLL_SECONDS)
+            with contextlib.suppress(Exception):
+                failure = query.exception()
+                error = None if failure is None else RuntimeError(str(failure))
+        except Exception as e:  # telemetry must never take the query down
+            _log.warning("telemetry of spark projection %s stopped: %s", self.name, e)
+        finally:
+            self.instance.stopped(error)
+
+    def _report_progress(self, progress: Any, last_batch: int) -> int:
+        batch = batch_of(progress)
+        if batch is None or batch[0] == last_batch:
+            return last_batch
+        batch_id, rows, seconds = batch
+        token = self.instance.batch_started(rows)
+        self.instance.batch_ended(token, rows, seconds, None)
+        return batch_id
+
+    def _sample_backlogs(self) -> None:
+        statements = ManagementSql(Tables(self._settings))
+        try:
+            with open_connection(self._dsn, self._settings) as conn:
+                for r, tel in self.ranges.items():
+                    if tel.samples_backlog:
+                        backlog = read_backlog(conn, statements, self.name, self.entity_type, r)
+                        tel.backlog_sampled(backlog)
+        except Exception as e:  # a missed sample; the next one may succeed
+            _log.debug("backlog sample of spark projection %s failed: %s", self.name, e)
