@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from journal.schema import components
 from tests.support import ROOT
 from tests.support.pg import drop_test_schema, fresh_schema_name
 from tests.support.readme import readme_examples
@@ -229,3 +230,25 @@ def test_the_embedded_extra_runs_a_program_without_a_dsn(
     for n in (1, 2):  # the second run joins the data directory the first one left
         out = run([str(venv / "bin" / "python"), "embedded.py"], work, env, timeout=300)
         assert out.stdout.strip() == f"events {n}"
+
+
+@pytest.mark.timeout(600)
+def test_the_sdist_builds_and_installs_with_its_migrations(tmp_path: Path) -> None:
+    """The source distribution holds what the wheel does: built from it, the package
+    has every migration and py.typed, and its schema components are registered."""
+    run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sdist"),
+         str(ROOT)], tmp_path)  # fmt: skip
+    (sdist,) = (tmp_path / "sdist").glob("slicejournal-*.tar.gz")
+    venv = tmp_path / "venv-sdist"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(sdist)], tmp_path)
+    check = (
+        "import journal, projections\n"
+        "from importlib import resources\n"
+        "from journal.schema import components\n"
+        "print(sorted(f'{c.name}:{c.head}' for c in components()))\n"
+        "print(resources.files('journal').joinpath('py.typed').is_file())\n"
+    )
+    out = run([str(venv / "bin" / "python"), "-c", check], tmp_path, clean_env())
+    expected = str(sorted(f"{c.name}:{c.head}" for c in components()))  # the source tree's
+    assert out.stdout.split("\n")[:2] == [expected, "True"], out.stdout
