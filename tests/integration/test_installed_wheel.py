@@ -17,10 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import conninfo, sql
 
 from journal.schema import components
 from tests.support import ROOT
@@ -130,8 +133,30 @@ def test_the_bare_wheel_runs_the_cli_and_a_program(bare: tuple[Path, Path], pg_d
             out = run([str(bin_dir / "python"), "program.py"], work, env)
             assert out.stdout.strip() == f"read back {n}"
         run_worker_and_status(bin_dir, work, pg_dsn, schema)
+        run_first_readme_example(bin_dir, work, pg_dsn)
     finally:
         drop_test_schema(pg_dsn, schema)
+
+
+def run_first_readme_example(bin_dir: Path, work: Path, dsn: str) -> None:
+    """The README's first example, as written, with `SLICEJOURNAL_DSN` set: in a database
+    of its own (its schema is `public`), created and dropped here."""
+    name = f"bare_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        own = conninfo.make_conninfo(dsn, dbname=name)
+        run([str(bin_dir / "slicejournal"), "migrate", "--dsn", own], work, clean_env())
+        (work / "readme_first.py").write_text(readme_examples()[0])
+        for _ in range(2):
+            out = run([str(bin_dir / "python"), "readme_first.py"], work,
+                      clean_env(SLICEJOURNAL_DSN=own))  # fmt: skip
+            assert "by id:" in out.stdout and "by slice:" in out.stdout, out.stdout
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def run_worker_and_status(bin_dir: Path, work: Path, dsn: str, schema: str) -> None:
