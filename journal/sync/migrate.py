@@ -33,7 +33,7 @@ from journal.tables import Tables
 def read_versions(conn: Connection[Any], tables: Tables) -> dict[str, int] | None:
     """Each component's recorded version; None if the database records none."""
     statements = VersionSql.of(tables)
-    cur = conn.execute(statements.exists, (tables.schema_version.as_string(conn),))
+    cur = conn.execute(TABLE_EXISTS, (tables.schema_version.as_string(conn),))
     row = cur.fetchone()
     if not (row and row[0]):
         return None

@@ -67,6 +67,7 @@ class SparkQueryTelemetry:
         self.ranges = {r: telemetry.instance(name, r.key, "spark") for r in ranges}
         self._dsn = dsn
         self._settings = settings
+        self._statements = ManagementSql(Tables(settings))
         self._backlog_interval = backlog_interval
         self._thread: threading.Thread | None = None
 
@@ -118,12 +119,13 @@ class SparkQueryTelemetry:
         return batch_id
 
     def _sample_backlogs(self) -> None:
-        statements = ManagementSql(Tables(self._settings))
         try:
             with open_connection(self._dsn, self._settings) as conn:
                 for r, tel in self.ranges.items():
                     if tel.samples_backlog:
-                        backlog = read_backlog(conn, statements, self.name, self.entity_type, r)
+                        backlog = read_backlog(
+                            conn, self._statements, self.name, self.entity_type, r
+                        )
                         tel.backlog_sampled(backlog)
         except Exception as e:  # a missed sample; the next one may succeed
             _log.debug("backlog sample of spark projection %s failed: %s", self.name, e)
