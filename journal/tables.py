@@ -70,6 +70,17 @@ class Tables:
         return self._qualified(self.settings.management_table)
 
     @cached_property
+    def registry_name(self) -> str:
+        """The projection registry (registered and retired projections, for retention);
+        derived from the management table's name, so no new setting changes the
+        projections component's migration key."""
+        return _derived_name(self.settings.management_table, "_registry")
+
+    @cached_property
+    def registry(self) -> sql.Identifier:
+        return self._qualified(self.registry_name)
+
+    @cached_property
     def dead_letter(self) -> sql.Identifier:
         return self._qualified(self.settings.dead_letter_table)
 
@@ -124,6 +135,7 @@ class Tables:
             "snapshot_slice_idx": self.snapshot_slice_index,
             "offset_store": self.offset_store,
             "management": self.management,
+            "registry": self.registry,
             "dead_letter": self.dead_letter,
             "fleet": self.fleet,
             "fleet_worker": self.fleet_worker,

@@ -132,6 +132,16 @@ _EVENTS = {
 }
 
 
+# What turns an event row into the deletion marker that `delete_events_to` and retention
+# leave at the highest deleted seq_nr of a persistence id: `deleted = true`, no payload.
+# The row stays, so the id's highest seq_nr never goes backwards (the next append
+# continues after it) and a projection's gap check sees "deleted", not "not visible yet".
+MARK_DELETED = sql.SQL(
+    "deleted = true, event_payload = ''::bytea, "
+    "meta_payload = NULL, meta_ser_id = NULL, meta_ser_manifest = NULL"
+)
+
+
 @attrs.frozen
 class WriterSql:
     """The write side's statements for one journal table, shared by both drivers."""
@@ -170,10 +180,8 @@ class WriterSql:
                 "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s"
             ).format(journal=journal),
             mark_deleted=sql.SQL(
-                "UPDATE {journal} SET deleted = true, event_payload = ''::bytea, "
-                "meta_payload = NULL, meta_ser_id = NULL, meta_ser_manifest = NULL "
-                "WHERE persistence_id = %s AND seq_nr = %s"
-            ).format(journal=journal),
+                "UPDATE {journal} SET {marker} WHERE persistence_id = %s AND seq_nr = %s"
+            ).format(journal=journal, marker=MARK_DELETED),
         )
 
     def append_statement(self, batch: PreparedAppend, writer_id: str) -> tuple[str, Any]:

@@ -67,6 +67,7 @@ NAMES = {
     "ProjectionGroup": "SyncProjectionGroup",
     "ProjectionManagement": "SyncProjectionManagement",
     "FleetControl": "SyncFleetControl",
+    "Retention": "SyncRetention",
     "Handler": "SyncHandler",
     "GroupedHandler": "SyncGroupedHandler",
     "AtLeastOnceHandler": "SyncAtLeastOnceHandler",

@@ -16,9 +16,11 @@ from psycopg import sql
 
 from journal import InvalidSettings, Journal, JournalSettings, SliceRange, slice_for
 from projections.aio.offset_dao import OffsetDao
+from projections.aio.retention import Retention
 from projections.fencing import FENCE_SQLSTATE, Fence
 from projections.fleet.lease_sql import FleetSql
 from projections.offset_store import Record
+from projections.retention import RetentionPolicy
 from tests.support.pg import fetch
 
 
@@ -122,6 +124,13 @@ async def test_hostile_schema_and_table_names(
             assert lost.value.sqlstate == FENCE_SQLSTATE
             async with j.pool.connection() as conn:
                 saved = await dao.load(conn, r)
+            # Retention and the projection registry (a table named after the management one).
+            retention, keep_last = Retention(j), RetentionPolicy("Account", keep_last=1)
+            await retention.register("p2", "Account")
+            held = await retention.apply(keep_last, dry_run=True)
+            await retention.retire("p2")
+            free = await retention.apply(keep_last, dry_run=True)
+            registry = {(i.name, i.registration.value) for i in await retention.projections()}
             await j.create_schema()  # idempotent under these names too
         assert [e.event for e in events] == [{"a": 1}, {"a": 2}, {"a": 3}]
         assert [e.seq_nr for e in by_slice] == [1, 2, 3]
@@ -129,6 +138,8 @@ async def test_hostile_schema_and_table_names(
         assert ids == [pid]
         assert after_delete == [2, 3]
         assert [(x.persistence_id, x.seq_nr) for x in saved] == [(pid, 3)]
+        assert (held.events, free.events, free.retired_offsets) == (0, 1, 0)
+        assert registry == {("p", "implicit"), ("p2", "retired")}
 
         # the tables exist under exactly these names
         assert await tables_in(pg_dsn, schema) == {
@@ -136,6 +147,7 @@ async def test_hostile_schema_and_table_names(
             f"s {hostile}",
             f"o {hostile}",
             f"m {hostile}",
+            f"m {hostile}_registry",
             f"d {hostile}",
             f"f {hostile}",
             f"w {hostile}",
