@@ -11,10 +11,12 @@ blocking calls) and the offset-store model tests (an in-memory journal).
 (small frozen values) or None — nothing to do until the next envelope or
 `next_deadline()`, when `poll(now)` hands out a batch whose time is up:
 
-* `PreviousTimestamp` / `MissingEvents` / `LoadPayload` — the validation
-  conversation: the previous event's timestamp of an unknown pid, the events
-  missing before a gap (admitted first, in order), the payload of a
-  backtracked envelope (None: deleted since, dropped);
+* `StoredOffset` / `PreviousTimestamp` / `MissingEvents` / `LoadPayload` —
+  the validation conversation: an unknown pid's stored row (once memory was
+  trimmed), the previous event's timestamp of an unknown pid, the events
+  missing before a gap (admitted first, in order), each with the journal's
+  deletion evidence, and the payload of a backtracked envelope (None:
+  deleted since, dropped);
 * `Handle` — at-least-once: run the handler outside any transaction;
 * `Commit` — exactly-once (one envelope) or grouped (a batch by
   `group_after_envelopes` / `group_after_duration`): the handler and the
@@ -26,6 +28,24 @@ Inside, `admit` is the validation conversation as a generator (the pattern of
 psycopg's `generators.py`: it yields requests and returns the envelopes to
 hand out), `Batcher` batches per delivery mode and `progress_markers` picks
 the slices that lag, at most every `progress_interval`.
+
+**Rejected envelopes wait.** An envelope whose missing predecessors are
+neither fetched by the gap fill nor shown deleted by the journal (a
+`deleted = true` marker at or above them) is *rejected*, never accepted on a
+guess. The core holds it and offers it again — as soon as an envelope of the
+same pid is accepted, every `rejected_retry_interval` (`poll`), and whenever
+the stream (its backtracking) delivers it again — and no progress marker
+claims its timestamp meanwhile, so a restart re-reads it too. An envelope is
+thus applied once its predecessors were, in order, or never if it is a
+duplicate. Pekko drops a rejected live envelope and relies on backtracking,
+failing the projection when a backtracking one is rejected; holding it also
+covers a predecessor that turns up outside any backtracking window (a
+restore), without restarting anything.
+
+**Tombstones.** `Journal.delete_all` leaves a tombstone row that the slice
+query delivers (`EventEnvelope.deleted`, no event): it goes through the same
+validation and reaches the handler, which erases the id's rows. A reset id's
+tombstone has seq_nr 0 and starts its new lifetime (`offset_store.py`).
 
 What stays in the drivers is I/O policy: retries with backoff (they sleep)
 and dead letters (they write) — the core learns only the outcome, `skipped`
@@ -49,6 +69,7 @@ from journal.model import EventEnvelope, TimestampOffset
 from projections.offset_store import (
     PROGRESS_PID,
     PROGRESS_SEQ_NR,
+    UNKNOWN,
     OffsetState,
     Record,
     Verdict,
@@ -59,8 +80,17 @@ _log = logging.getLogger("slicejournal.projections.core")
 
 
 @attrs.frozen
+class StoredOffset:
+    """Answer with the projection's newest stored `Record` of pid in slice, or None."""
+
+    persistence_id: str
+    slice: int
+
+
+@attrs.frozen
 class PreviousTimestamp:
-    """Answer with the db_timestamp of (pid, seq_nr), or None if deleted or gone."""
+    """Answer with a `Previous`: the db_timestamp of (pid, seq_nr) if stored and not
+    deleted, and the journal's deletion evidence from that seq_nr on."""
 
     persistence_id: str
     seq_nr: int
@@ -68,11 +98,34 @@ class PreviousTimestamp:
 
 @attrs.frozen
 class MissingEvents:
-    """Answer with the stored events of pid with from_seq_nr <= seq_nr <= to_seq_nr, in order."""
+    """Answer with a `GapFill`: the stored events of pid with from_seq_nr <= seq_nr <=
+    to_seq_nr, in order, and the journal's deletion evidence from from_seq_nr on."""
 
     persistence_id: str
     from_seq_nr: int
     to_seq_nr: int
+
+
+@attrs.frozen
+class Previous:
+    """The reply to `PreviousTimestamp`.
+
+    `deleted_to`: the highest seq_nr >= the asked one of the pid's deletion
+    markers (`deleted = true` rows), 0 if none: every seq_nr up to it is deleted.
+    """
+
+    timestamp: datetime | None
+    deleted_to: int = 0
+
+
+@attrs.frozen
+class GapFill:
+    """The reply to `MissingEvents`: the events found and the deletion evidence
+    (`deleted_to`, as in `Previous`). A missing seq_nr neither found nor at or
+    below `deleted_to` is not visible yet: the envelope after it is rejected."""
+
+    events: Sequence[EventEnvelope]
+    deleted_to: int = 0
 
 
 @attrs.frozen
@@ -83,7 +136,7 @@ class LoadPayload:
     seq_nr: int
 
 
-Request = PreviousTimestamp | MissingEvents | LoadPayload
+Request = StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload
 Admission = Generator[Request, Any, list[EventEnvelope]]
 
 
@@ -94,6 +147,7 @@ class ProjectionStats:
     accepted: int = 0
     duplicates: int = 0
     gaps_filled: int = 0
+    rejected: int = 0
     skipped: int = 0
     retries: int = 0
     transactions: int = 0
@@ -115,44 +169,81 @@ def admit(
     where: str = "",
     log: logging.Logger = _log,
     fields: Mapping[str, object] | None = None,
+    rejected: list[EventEnvelope] | None = None,
+    evidence: int | None = None,
+    fetched: Mapping[int, datetime] | None = None,
 ) -> Admission:
-    """Validate `env`; yields `Request`s, returns the envelopes to handle (gap fillers first)."""
-    pid, seq_nr = env.persistence_id, env.seq_nr
-    v = state.validate(pid, seq_nr, env.slice, env.db_timestamp)
+    """Validate `env`; yields `Request`s, returns the envelopes to handle (gap fillers first).
+
+    A rejected `env` is appended to `rejected` (to be held and retried). With
+    `evidence` and `fetched` (the deletion evidence and the seq_nrs -> timestamps
+    of a gap fill that fetched `env`), a remaining gap is a rejection at once:
+    the fill already looked.
+    """
+    pid, seq_nr, slice_, ts = env.persistence_id, env.seq_nr, env.slice, env.db_timestamp
+    # Inside a gap fill, a predecessor that was not fetched is not stored.
+    previous: datetime | Any | None = UNKNOWN if fetched is None else fetched.get(seq_nr - 1)
+    v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=evidence)
+    if v.verdict is Verdict.NEEDS_STORED_OFFSET:
+        stored: Record | None = yield StoredOffset(pid, slice_)
+        state.looked_up(pid, stored)
+        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=evidence)
     if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
-        previous = yield PreviousTimestamp(pid, seq_nr - 1)
-        v = state.validate(pid, seq_nr, env.slice, env.db_timestamp, previous)
+        found: Previous = yield PreviousTimestamp(pid, seq_nr - 1)
+        previous = found.timestamp
+        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=found.deleted_to)
     if v.verdict is Verdict.DUPLICATE:
         stats.duplicates += 1
         return []
     accepted: list[EventEnvelope] = []
-    if v.verdict is Verdict.GAP:
-        # An earlier event of this pid has not come yet (it committed late, or
-        # the range started after it): admit the missing ones first.
-        missing: Sequence[EventEnvelope] = yield MissingEvents(pid, v.missing_from, v.missing_to)
-        for earlier in missing:
+    if v.verdict is Verdict.GAP and fetched is None:
+        # Earlier events of this pid have not come yet (they committed late, or the
+        # range started after them): admit the missing ones first.
+        fill: GapFill = yield MissingEvents(pid, v.missing_from, v.missing_to)
+        timestamps = {e.seq_nr: e.db_timestamp for e in fill.events}
+        for earlier in fill.events:
             stats.gaps_filled += 1
-            accepted += yield from admit(state, earlier, stats, where=where, log=log, fields=fields)
+            accepted += yield from admit(
+                state, earlier, stats, where=where, log=log, fields=fields,
+                evidence=fill.deleted_to, fetched=timestamps,
+            )  # fmt: skip
         log.info(
             "projection %s: gap before %r seq_nr %d filled with %d event(s)",
             where,
             pid,
             seq_nr,
-            len(missing),
+            len(fill.events),
             extra={**(fields or {}), "event": "gap_filled", "persistence_id": pid,
-                   "seq_nr": seq_nr, "events": len(missing)},
+                   "seq_nr": seq_nr, "events": len(fill.events)},
         )  # fmt: skip
-        v = state.validate(pid, seq_nr, env.slice, env.db_timestamp, None)
-        if not v.accepted:
+        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=fill.deleted_to)
+        if v.verdict is Verdict.DUPLICATE:
             stats.duplicates += 1
             return accepted
+    if not v.accepted:
+        # A gap the journal does not show deleted: its events are not visible yet.
+        if rejected is not None:
+            stats.rejected += 1
+            rejected.append(env)
+            log.info(
+                "projection %s: %r seq_nr %d rejected: seq_nr %d-%d not visible yet "
+                "and not deleted; held until they are",
+                where,
+                pid,
+                seq_nr,
+                v.missing_from,
+                v.missing_to,
+                extra={**(fields or {}), "event": "rejected", "persistence_id": pid,
+                       "seq_nr": seq_nr},
+            )  # fmt: skip
+        return accepted
     if not env.event_loaded:
         loaded: EventEnvelope | None = yield LoadPayload(pid, seq_nr)
         if loaded is None:  # deleted since: nothing to apply
             stats.duplicates += 1
             return accepted
         env = attrs.evolve(loaded, offset=env.offset, source=env.source)
-    state.accept(pid, seq_nr)
+    state.accept(pid, seq_nr, ts)
     stats.accepted += 1
     accepted.append(env)
     return accepted
@@ -284,7 +375,9 @@ class SaveOffsets:
     records: tuple[Record, ...]
 
 
-Action = PreviousTimestamp | MissingEvents | LoadPayload | Handle | Commit | SaveOffsets
+Action = (
+    StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload | Handle | Commit | SaveOffsets
+)
 
 
 class ProjectionCore:
@@ -295,13 +388,15 @@ class ProjectionCore:
     envelope or `next_deadline()`. Every action is answered by exactly one
     call, which returns the next action:
 
-    * `PreviousTimestamp` / `MissingEvents` / `LoadPayload` -> `answer(reply, now)`;
+    * `StoredOffset` / `PreviousTimestamp` / `MissingEvents` / `LoadPayload` ->
+      `answer(reply, now)`;
     * `Handle` -> `handled(now)` | `skipped(now)` | `failed()`;
     * `Commit` -> `committed(now)` | `skipped(now)` | `failed()`;
     * `SaveOffsets` -> `committed(now)`.
 
-    `poll(now)` hands out a batch whose time is up, `flush(now)` the pending
-    batch whatever its age (pause, stop). The clock is injected: `now` is
+    `poll(now)` hands out a batch whose time is up (or retries the rejected
+    envelopes held, when due), `flush(now)` the pending batch whatever its
+    age (pause, stop), `retry(now)` the held envelopes at once. The clock is injected: `now` is
     monotonic seconds, on whatever clock the driver uses.
 
     The driver keeps the I/O policy: retries with backoff and dead letters
@@ -330,8 +425,12 @@ class ProjectionCore:
         self.log = log
         # The structured fields of its log lines (projection, range): `extra=`.
         self.fields = dict(fields or {})
-        self.state = state if state is not None else OffsetState(settings.time_window)
+        self.state = state if state is not None else self._state(())
         self._batcher = Batcher.for_mode(mode, settings)
+        # Rejected envelopes, by (pid, seq_nr), until accepted or found duplicates.
+        self._held: dict[tuple[str, int], EventEnvelope] = {}
+        self._rejected: list[EventEnvelope] = []
+        self._retry_at = float("inf")
         self._progress: datetime | None = None
         self._progress_saved_at = 0.0
         self._conversation: Admission | None = None
@@ -344,10 +443,24 @@ class ProjectionCore:
 
         Whatever a failed run left in flight is dropped: the stream delivers it again.
         """
-        self.state = OffsetState(self.settings.time_window, records)
+        self.state = self._state(records)
         self._batcher.take()
         self._abandon()
         return self.state.start_offset(self.slices)
+
+    def _state(self, records: Iterable[Record]) -> OffsetState:
+        settings = self.settings
+        return OffsetState(
+            settings.time_window,
+            records,
+            reset_after=settings.accept_sequence_number_reset_after,
+            table_outlives_memory=settings.delete_after_consumed is not None,
+        )
+
+    @property
+    def held(self) -> tuple[EventEnvelope, ...]:
+        """The rejected envelopes waiting for their predecessors, in (pid, seq_nr) order."""
+        return tuple(self._held[k] for k in sorted(self._held))
 
     @property
     def pending(self) -> tuple[EventEnvelope, ...]:
@@ -363,9 +476,18 @@ class ProjectionCore:
             self.stats.heartbeats += 1
             return None if env.offset is None else self.progress(env.offset.timestamp, now)
         self._offered = env
-        self._conversation = admit(
-            self.state, env, self.stats, where=self.where, log=self.log, fields=self.fields
-        )
+        self._conversation = self._admit(env)
+        return self._converse(None, now)
+
+    def retry(self, now: float) -> Action | None:
+        """Offer the held (rejected) envelopes again, now."""
+        self._idle_or_fail("retry")
+        held = self.held
+        self._held.clear()
+        self._retry_at = now + self.settings.rejected_retry_interval.total_seconds()
+        if not held:
+            return None
+        self._conversation = self._readmit(held)
         return self._converse(None, now)
 
     def progress(self, timestamp: datetime, now: float) -> Action | None:
@@ -380,8 +502,8 @@ class ProjectionCore:
         return self._out(SaveOffsets(tuple(markers))) if markers else None
 
     def answer(self, reply: Any, now: float) -> Action | None:
-        """The reply to a `PreviousTimestamp`, `MissingEvents` or `LoadPayload`."""
-        self._expect("answer", PreviousTimestamp, MissingEvents, LoadPayload)
+        """The reply to a `StoredOffset`, `PreviousTimestamp`, `MissingEvents` or `LoadPayload`."""
+        self._expect("answer", StoredOffset, PreviousTimestamp, MissingEvents, LoadPayload)
         return self._converse(reply, now)
 
     def handled(self, now: float) -> Action | None:
@@ -423,12 +545,18 @@ class ProjectionCore:
     # -- time ---------------------------------------------------------------------------------
 
     def next_deadline(self) -> float:
-        """When the pending batch must go out even if no envelope arrives (inf: none)."""
-        return self._batcher.due()
+        """When the pending batch must go out, or the held envelopes be retried, even if no
+        envelope arrives (inf: none)."""
+        retry = self._retry_at if self._held else float("inf")
+        return min(self._batcher.due(), retry)
 
     def poll(self, now: float) -> Action | None:
-        """The pending batch if its time is up at `now`."""
-        return self.flush(now) if now >= self.next_deadline() else None
+        """The pending batch if its time is up at `now`, else the held envelopes' retry."""
+        if now >= self._batcher.due():
+            return self.flush(now)
+        if self._held and now >= self._retry_at:
+            return self.retry(now)
+        return None
 
     def flush(self, now: float) -> Action | None:
         """The pending batch, whatever its age (pause, stop)."""
@@ -438,15 +566,41 @@ class ProjectionCore:
 
     # -- inside ---------------------------------------------------------------------------------
 
+    def _admit(self, env: EventEnvelope) -> Admission:
+        return admit(self.state, env, self.stats, where=self.where, log=self.log,
+                     fields=self.fields, rejected=self._rejected)  # fmt: skip
+
+    def _readmit(self, envelopes: Sequence[EventEnvelope]) -> Admission:
+        accepted: list[EventEnvelope] = []
+        for env in envelopes:
+            accepted += yield from self._admit(env)
+        return accepted
+
     def _converse(self, reply: Any, now: float) -> Action | None:
         assert self._conversation is not None
         try:
             request = self._conversation.send(reply)
         except StopIteration as done:
             self._conversation = None
+            self._settle(done.value, now)
             self._accepted.extend(done.value)
             return self._next(now)
         return self._out(request)
+
+    def _settle(self, accepted: Sequence[EventEnvelope], now: float) -> None:
+        """Hold what the conversation rejected; an accepted pid's held envelopes are due."""
+        for env in accepted:
+            self._held.pop((env.persistence_id, env.seq_nr), None)
+        if self._rejected:
+            if not self._held:
+                self._retry_at = now + self.settings.rejected_retry_interval.total_seconds()
+            for env in self._rejected:
+                self._held[(env.persistence_id, env.seq_nr)] = env
+            self._rejected.clear()
+        if self._held:
+            waiting = {pid for pid, _ in self._held}
+            if any(env.persistence_id in waiting for env in accepted):
+                self._retry_at = now  # their predecessor may have just arrived
 
     def _next(self, now: float) -> Action | None:
         """Hand out the accepted envelopes one by one, then finish the offered one."""
@@ -479,10 +633,14 @@ class ProjectionCore:
         return Commit(tuple(batch), events, markers)
 
     def _markers(self, now: float) -> list[Record]:
+        progress = self._progress
+        if progress is not None and self._held:
+            # A marker says "everything before it was handled": never past one held.
+            progress = min(progress, *(e.db_timestamp for e in self._held.values()))
         return progress_markers(
             self.state,
             self.slices,
-            self._progress,
+            progress,
             self._progress_saved_at,
             now,
             self.settings.progress_interval,
@@ -513,6 +671,7 @@ class ProjectionCore:
         if self._conversation is not None:
             self._conversation.close()
         self._conversation = None
+        self._rejected.clear()
         self._offered = None
         self._accepted.clear()
         self._outstanding = None

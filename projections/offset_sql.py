@@ -10,7 +10,10 @@ another instance handled that event, and the transaction must fail rather
 than apply it twice (see `projections/fencing.py`). With a `Fence`, the
 lease check comes first in the same transaction.
 Cleanup works slice by slice and always keeps each slice's latest row, so any
-future slice range can resume.
+future slice range can resume: a row goes only when it is older than *its
+own slice's* latest row minus the window (never the range's latest: a quiet
+slice keeps its rows however far its neighbours move on), and, with
+`delete_after_consumed`, only once it was consumed that long ago.
 """
 
 from __future__ import annotations
@@ -72,7 +75,16 @@ class OffsetSql:
                 "  WHERE projection_name = %(name)s AND slice BETWEEN %(lo)s AND %(hi)s "
                 "  GROUP BY slice) AS l "
                 "WHERE o.projection_name = %(name)s AND o.slice = l.slice "
-                "AND o.timestamp_offset < l.latest - %(window)s::interval"
+                "AND o.timestamp_offset < l.latest - %(window)s::interval "
+                "AND (%(consumed)s::interval IS NULL "
+                "     OR o.timestamp_consumed < transaction_timestamp() - %(consumed)s::interval)"
+            ).format(t=t)
+        )
+        self._stored = rendered(
+            sql.SQL(
+                "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {t} "
+                "WHERE projection_name = %s AND slice = %s AND persistence_id = %s "
+                "ORDER BY timestamp_offset DESC, seq_nr DESC LIMIT 1"
             ).format(t=t)
         )
         self._values_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
@@ -135,10 +147,17 @@ class OffsetSql:
             params += (r.slice, r.persistence_id, r.seq_nr, r.timestamp)
         return Statement(statement, params, raw=True)
 
-    def cleanup(self, slices: SliceRange, window: timedelta) -> Statement:
-        """Delete rows older than each slice's latest minus the window."""
+    def cleanup(
+        self, slices: SliceRange, window: timedelta, consumed: timedelta | None = None
+    ) -> Statement:
+        """Delete rows older than each slice's latest minus the window (and, with
+        `consumed`, stored longer ago than that)."""
         params = {"name": self.name, "lo": slices.min_slice, "hi": slices.max_slice}
-        return Statement(self._cleanup, {**params, "window": window})
+        return Statement(self._cleanup, {**params, "window": window, "consumed": consumed})
+
+    def stored(self, persistence_id: str, slice_: int) -> Statement:
+        """The pid's newest row (by timestamp: a reset id's new lifetime wins)."""
+        return Statement(self._stored, (self.name, slice_, persistence_id))
 
     def clear(self, slices: SliceRange) -> Statement:
         return Statement(self._clear, (self.name, slices.min_slice, slices.max_slice))

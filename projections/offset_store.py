@@ -5,11 +5,29 @@ For every envelope a projection receives, `OffsetState.validate` decides:
 * **duplicate** — its seq_nr is <= the stored or in-flight seq_nr of its pid,
   or it is older than the time window its slice still tracks (so it was
   handled before its record was cleaned up);
-* **accepted** — seq_nr is exactly stored + 1, or 1 for an unknown pid, or the
-  previous event is deleted or older than the time window;
-* **gap** — an earlier event of the pid has not been seen yet. Instead of
-  failing the projection (Pekko), the runner fetches the missing seq_nrs by
-  persistence id and feeds them through `validate` in order (Akka's later fix).
+* **accepted** — seq_nr is exactly stored + 1, or 1 for an unknown pid, or
+  the journal shows every missing event before it deleted (its deletion
+  marker, a `deleted = true` row, is at or above them), or the previous event
+  is older than the time window; or it starts a new lifetime of a reset id
+  (below);
+* **gap** — earlier events of the pid have not been seen: the runner fetches
+  them by persistence id and feeds them through `validate` in order;
+* **rejected** — events before it are neither fetched nor shown deleted: they
+  are not visible yet (a late commit, a restore, a replicated write). Pekko's
+  rule: nothing is accepted on a guess; the envelope waits and is retried (see
+  `projections/core.py`) until backtracking or the retry finds the missing ones.
+
+A gap that finds nothing used to be taken for "deleted": the later event was
+accepted and, when the missing one became visible after all, it was dropped
+as a duplicate and lost. Only the journal's deletion marker is evidence now.
+
+**Ids reset after deletion.** `Journal.delete_all(pid, reset_sequence_number=True)`
+lets an id start again at seq_nr 1. Its tombstone (seq_nr 0, `deleted`) and
+any seq_nr 1 whose db_timestamp is later than the pid's handled event by at
+least `accept_sequence_number_reset_after` start a new lifetime instead of
+being duplicates. A replay of the original seq_nr 1 is never later than the
+events that followed it (db_timestamps increase per id), so it stays a duplicate.
+Records are therefore ordered per pid by (timestamp, seq_nr), not seq_nr alone.
 
 Offsets are stored per slice, so a projection instance loads only its slice
 range and any future split of the slices can resume. Besides one record per
@@ -21,7 +39,14 @@ journal from the start. A *start marker* (seq_nr -1) written by
 
 A range starts from the **earliest** of its slices' latest rows, never the
 latest, so a slice that was behind cannot skip events; events the ahead slices
-already handled come again and are recognised here as duplicates.
+already handled come again and are recognised here as duplicates. After a
+downscale (0-255 and 256-511 become 0-511) the new range loads the rows of
+every slice it covers, whichever key wrote them, and so adopts them.
+
+Memory holds the records of each slice's time window (`evict`); the table may
+keep rows longer (`ProjectionSettings.delete_after_consumed`). Once memory was
+trimmed, an unknown pid's stored record is looked up in the table
+(NEEDS_STORED_OFFSET) before anything else is concluded about it.
 """
 
 from __future__ import annotations
@@ -70,12 +95,14 @@ class Verdict(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     GAP = "gap"
+    REJECTED = "rejected"
     NEEDS_PREVIOUS_TIMESTAMP = "needs_previous_timestamp"
+    NEEDS_STORED_OFFSET = "needs_stored_offset"
 
 
 @attrs.frozen
 class Validation:
-    """The decision for one envelope; for a gap, the seq_nrs to fetch first."""
+    """The decision for one envelope; for a gap or a rejection, the seq_nrs missing."""
 
     verdict: Verdict
     missing_from: int = 0
@@ -90,6 +117,7 @@ class Validation:
 ACCEPTED = Validation(Verdict.ACCEPTED)
 DUPLICATE = Validation(Verdict.DUPLICATE)
 NEEDS_PREVIOUS_TIMESTAMP = Validation(Verdict.NEEDS_PREVIOUS_TIMESTAMP)
+NEEDS_STORED_OFFSET = Validation(Verdict.NEEDS_STORED_OFFSET)
 
 
 class _Unknown:
@@ -99,15 +127,47 @@ class _Unknown:
 UNKNOWN = _Unknown()
 
 
-class OffsetState:
-    """What one projection instance knows about handled events of its slice range."""
+@attrs.frozen
+class _Handled:
+    """The newest handled (stored or in-flight) event of a pid; timestamp None if unknown."""
 
-    def __init__(self, time_window: timedelta, records: Iterable[Record] = ()) -> None:
+    seq_nr: int
+    timestamp: datetime | None
+
+
+def _newer(record: Record, than: Record) -> bool:
+    """Per pid, later lifetimes win: ordered by (timestamp, seq_nr)."""
+    return (record.timestamp, record.seq_nr) > (than.timestamp, than.seq_nr)
+
+
+class OffsetState:
+    """What one projection instance knows about handled events of its slice range.
+
+    `reset_after` is `accept_sequence_number_reset_after` (None: off, a seq_nr 1
+    at or below the handled one is always a duplicate); `table_outlives_memory`
+    says the table keeps rows `evict` forgets (`delete_after_consumed`).
+    """
+
+    def __init__(
+        self,
+        time_window: timedelta,
+        records: Iterable[Record] = (),
+        *,
+        reset_after: timedelta | None = None,
+        table_outlives_memory: bool = False,
+    ) -> None:
         self.time_window = time_window
+        self.reset_after = reset_after
+        # The table keeps rows after `evict` forgets them (delete_after_consumed).
+        self.table_outlives_memory = table_outlives_memory
+        # True once memory may lack a pid the table still holds: unknown pids are
+        # then looked up there first (NEEDS_STORED_OFFSET).
+        self.trimmed = False
         self._by_pid: dict[str, Record] = {}
         self._latest_by_slice: dict[int, Record] = {}
         self._start_by_slice: dict[int, datetime] = {}
-        self._inflight: dict[str, int] = {}
+        self._inflight: dict[str, _Handled] = {}
+        self._looked_up: set[str] = set()
         for record in records:
             self._add(record)
 
@@ -120,7 +180,7 @@ class OffsetState:
                 self._start_by_slice[record.slice] = record.timestamp
         elif not record.is_marker:
             known = self._by_pid.get(record.persistence_id)
-            if known is None or record.seq_nr > known.seq_nr:
+            if known is None or _newer(record, known):
                 self._by_pid[record.persistence_id] = record
         latest = self._latest_by_slice.get(record.slice)
         if latest is None or record.timestamp > latest.timestamp:
@@ -130,27 +190,55 @@ class OffsetState:
         """Records were committed: they are now the stored state, no longer in flight."""
         for record in records:
             self._add(record)
-            if self._inflight.get(record.persistence_id, 0) <= record.seq_nr:
-                self._inflight.pop(record.persistence_id, None)
+            inflight = self._inflight.get(record.persistence_id)
+            if (
+                inflight is not None
+                and inflight.seq_nr <= record.seq_nr
+                and (inflight.timestamp is None or inflight.timestamp <= record.timestamp)
+            ):
+                del self._inflight[record.persistence_id]
 
-    def accept(self, persistence_id: str, seq_nr: int) -> None:
-        """An accepted envelope is being handled (not yet saved)."""
-        if seq_nr > self._inflight.get(persistence_id, 0):
-            self._inflight[persistence_id] = seq_nr
+    def accept(self, persistence_id: str, seq_nr: int, timestamp: datetime | None = None) -> None:
+        """An accepted envelope is being handled (not yet saved).
+
+        A higher seq_nr, or a later timestamp (a reset id's new lifetime), replaces
+        what is in flight; a lower, older one never does."""
+        current = self._inflight.get(persistence_id)
+        if (
+            current is None
+            or seq_nr > current.seq_nr
+            or (
+                timestamp is not None
+                and current.timestamp is not None
+                and timestamp > current.timestamp
+            )
+        ):
+            self._inflight[persistence_id] = _Handled(seq_nr, timestamp)
 
     def discard_inflight(self) -> None:
         """The in-flight batch was rolled back: forget what it accepted."""
         self._inflight.clear()
 
+    def looked_up(self, persistence_id: str, record: Record | None) -> None:
+        """The answer to NEEDS_STORED_OFFSET: the pid's newest stored row, or None."""
+        self._looked_up.add(persistence_id)
+        if record is not None:
+            self._add(record)
+
     # -- queries -------------------------------------------------------------
+
+    def _handled(self, persistence_id: str) -> _Handled | None:
+        # What is in flight was accepted against what is stored: it is newer.
+        inflight = self._inflight.get(persistence_id)
+        if inflight is not None:
+            return inflight
+        stored = self._by_pid.get(persistence_id)
+        return None if stored is None else _Handled(stored.seq_nr, stored.timestamp)
 
     def seq_nr_of(self, persistence_id: str) -> int | None:
         """Highest handled (stored or in-flight) seq_nr of the pid, None if unknown."""
-        stored = self._by_pid.get(persistence_id)
-        inflight = self._inflight.get(persistence_id)
-        if stored is None:
-            return inflight
-        return stored.seq_nr if inflight is None else max(stored.seq_nr, inflight)
+        handled = self._handled(persistence_id)
+        return None if handled is None else handled.seq_nr
 
     def latest_of_slice(self, slice_: int) -> Record | None:
         """The newest stored row of a slice (event or marker), or None."""
@@ -193,39 +281,61 @@ class OffsetState:
         slice_: int,
         timestamp: datetime,
         previous_timestamp: datetime | _Unknown | None = UNKNOWN,
+        *,
+        deleted_to: int | None = None,
     ) -> Validation:
-        """Accept, drop as duplicate, or report a gap for one envelope.
+        """Accept, drop as duplicate, or report a gap (or a rejection) for one envelope.
 
-        For an unknown pid with seq_nr > 1 the answer depends on when its
-        previous event was written: the first call returns
-        NEEDS_PREVIOUS_TIMESTAMP and the caller asks again with
-        `previous_timestamp` (None if that event is deleted or gone). For a
-        known pid, None after a gap means the missing events are deleted: accepted.
+        `deleted_to` is the journal's evidence, once asked: the highest seq_nr
+        of the pid's deletion marker at or above the first missing one (0: none).
+        Missing events at or below it are deleted, and so nothing to wait for.
+
+        For an unknown pid with seq_nr > 1 the answer may need the table
+        (NEEDS_STORED_OFFSET, when memory was trimmed; see `looked_up`) and
+        then when its previous event was written: NEEDS_PREVIOUS_TIMESTAMP,
+        and the caller asks again with `previous_timestamp` (None if that event
+        is not stored) and the `deleted_to` found beside it.
         """
         start = self._start_by_slice.get(slice_)
         if start is not None and timestamp < start:
             return DUPLICATE  # before the offset set by management
-        known = self.seq_nr_of(persistence_id)
-        if known is not None:
-            if seq_nr <= known:
-                return DUPLICATE
-            if seq_nr == known + 1:
+        handled = self._handled(persistence_id)
+        if handled is not None:
+            if seq_nr <= handled.seq_nr:
+                return ACCEPTED if self._resets(seq_nr, timestamp, handled) else DUPLICATE
+            if seq_nr == handled.seq_nr + 1:
                 return ACCEPTED
-            if previous_timestamp is None:
-                return ACCEPTED  # the missing events were deleted: nothing to apply first
-            return Validation(Verdict.GAP, known + 1, seq_nr - 1)
+            return _gap(handled.seq_nr + 1, seq_nr - 1, deleted_to)
         window_start = self._window_start(slice_)
         if window_start is not None and timestamp < window_start:
             return DUPLICATE  # older than anything this slice still tracks: handled before
-        if seq_nr == 1:
-            return ACCEPTED
+        if seq_nr <= 1:
+            return ACCEPTED  # a first event, or the tombstone of a reset id
+        if deleted_to is not None and seq_nr - 1 <= deleted_to:
+            return ACCEPTED  # the previous events were deleted
+        if self.trimmed and persistence_id not in self._looked_up:
+            return NEEDS_STORED_OFFSET
         if isinstance(previous_timestamp, _Unknown):
             return NEEDS_PREVIOUS_TIMESTAMP
         if previous_timestamp is None:
-            return ACCEPTED  # the previous event was deleted
+            # Not stored and not shown deleted: not visible yet. Wait for it.
+            return Validation(Verdict.REJECTED, 1, seq_nr - 1)
         if window_start is not None and previous_timestamp < window_start:
             return ACCEPTED  # its record was cleaned up with the window
         return Validation(Verdict.GAP, 1, seq_nr - 1)
+
+    def _resets(self, seq_nr: int, timestamp: datetime, handled: _Handled) -> bool:
+        """A reset id's new lifetime rather than a duplicate: its tombstone (seq_nr 0), or
+        a seq_nr 1 later than the handled event by at least `reset_after`."""
+        if handled.timestamp is None or timestamp <= handled.timestamp:
+            return False  # never later: a replay of the original
+        if seq_nr == 0:
+            return True
+        return (
+            seq_nr == 1
+            and self.reset_after is not None
+            and timestamp - handled.timestamp >= self.reset_after
+        )
 
     def _window_start(self, slice_: int) -> datetime | None:
         latest = self._latest_by_slice.get(slice_)
@@ -234,7 +344,8 @@ class OffsetState:
     # -- housekeeping ---------------------------------------------------------------
 
     def evict(self) -> int:
-        """Forget pid records older than their slice's window (the store deletes them too)."""
+        """Forget pid records older than their slice's window (the store may keep them
+        longer: from now on an unknown pid is looked up there first)."""
         drop = []
         for pid, record in self._by_pid.items():
             window_start = self._window_start(record.slice)
@@ -244,7 +355,17 @@ class OffsetState:
                     drop.append(pid)
         for pid in drop:
             del self._by_pid[pid]
+        if drop and self.table_outlives_memory:
+            self.trimmed = True
+        self._looked_up.clear()
         return len(drop)
 
     def __len__(self) -> int:
         return len(self._by_pid)
+
+
+def _gap(missing_from: int, missing_to: int, deleted_to: int | None) -> Validation:
+    """Missing events: accepted if the journal shows them all deleted, else a gap."""
+    if deleted_to is not None and missing_to <= deleted_to:
+        return ACCEPTED
+    return Validation(Verdict.GAP, missing_from, missing_to)

@@ -12,6 +12,7 @@ from typing import Any
 
 from psycopg import sql
 
+from journal.model import TOMBSTONE_MANIFEST
 from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
 from journal.rows import COLUMNS, PAYLOAD_COLUMN
 from journal.tables import Tables
@@ -26,6 +27,11 @@ def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
 
 SLICE_RANGE = sql.SQL(
     "entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s"
+)
+
+
+_NOT_DELETED_OR_TOMBSTONE = sql.SQL(
+    "(deleted = false OR (event_ser_id = 0 AND event_ser_manifest = %(tombstone)s))"
 )
 
 
@@ -56,8 +62,10 @@ def slice_rows(
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT for one slice-range RowsQuery; the last column is the read time."""
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
-    where: list[sql.Composable] = [SLICE_RANGE, *bounds, sql.SQL("deleted = false")]
-    params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice}
+    # Deleted rows are skipped, except `delete_all`'s tombstones: they tell readers.
+    where: list[sql.Composable] = [SLICE_RANGE, *bounds, _NOT_DELETED_OR_TOMBSTONE]
+    params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice,
+               "tombstone": TOMBSTONE_MANIFEST}  # fmt: skip
     if query.exclude:
         # Events at exactly the start timestamp that were already emitted.
         where.append(
@@ -207,6 +215,16 @@ def timestamp_of(tables: Tables) -> sql.Composed:
     return sql.SQL(
         "SELECT db_timestamp FROM {journal} WHERE persistence_id = %s AND seq_nr = %s "
         "AND NOT deleted"
+    ).format(journal=tables.journal)
+
+
+def deleted_to(tables: Tables) -> sql.Composed:
+    """The highest seq_nr >= the given one among an id's deletion markers (`deleted`
+    rows), 0 if none: every seq_nr up to it is deleted. It tells a gap whose events
+    were deleted from one whose events are not visible yet."""
+    return sql.SQL(
+        "SELECT COALESCE(max(seq_nr), 0) FROM {journal} WHERE persistence_id = %s "
+        "AND seq_nr >= %s AND deleted"
     ).format(journal=tables.journal)
 
 

@@ -58,10 +58,15 @@ class OffsetDao:
             await self._run(conn, statement)
 
     async def cleanup(
-        self, conn: AsyncConnection[Any], slices: SliceRange, window: timedelta
+        self,
+        conn: AsyncConnection[Any],
+        slices: SliceRange,
+        window: timedelta,
+        consumed: timedelta | None = None,
     ) -> int:
-        """Delete rows older than each slice's latest minus the window; returns the count."""
-        return await self._run(conn, self.sql.cleanup(slices, window))
+        """Delete rows older than each slice's latest minus the window (and, with
+        `consumed`, stored longer ago than that); returns the count."""
+        return await self._run(conn, self.sql.cleanup(slices, window, consumed))
 
     async def clear(self, conn: AsyncConnection[Any], slices: SliceRange) -> None:
         await self._run(conn, self.sql.clear(slices))

@@ -69,6 +69,7 @@ from projections.core import (
     PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
+    StoredOffset,
     record_of,
 )
 from projections.errors import ProjectionError
@@ -147,7 +148,9 @@ class Projection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
-        self._reads = CoreReads(journal.tables, journal.serializers, pool=journal.read_pool)
+        self._reads = CoreReads(
+            journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
+        )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
         self._running = False
@@ -415,7 +418,7 @@ class Projection:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
         core = self._core
         while action is not None:
-            if isinstance(action, PreviousTimestamp | MissingEvents | LoadPayload):
+            if isinstance(action, StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload):
                 action = await self._reads.drive(core, action)
                 continue
             if isinstance(action, Handle):
@@ -585,7 +588,12 @@ class Projection:
 
     async def _cleanup(self) -> None:
         async with self.journal.pool.connection() as conn:
-            deleted = await self._dao.cleanup(conn, self.slice_range, self.settings.time_window)
+            deleted = await self._dao.cleanup(
+                conn,
+                self.slice_range,
+                self.settings.time_window,
+                self.settings.delete_after_consumed,
+            )
         self._core.cleaned_up(deleted)
 
 

@@ -148,7 +148,7 @@ class _PartitionRun:
     def start(self, conn: Connection[Any]) -> None:
         self.core.start(self.dao.load(conn, self.range))
         # The core's reads run on this partition's connection, inside its transaction.
-        self.reads = CoreReads(self.tables, self.registry, conn=conn)
+        self.reads = CoreReads(self.tables, self.registry, conn=conn, offsets=self.dao.sql)
 
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
         """Everything of `batches` in one transaction: handler writes, offset rows, markers."""
@@ -173,7 +173,17 @@ class _PartitionRun:
                     )  # fmt: skip
                 for env in envs:
                     self._drive(conn, self.core.offer(env, time.monotonic()))
+                if self.core.held:  # a predecessor may have come later in the batch
+                    self._drive(conn, self.core.retry(time.monotonic()))
                 self._drive(conn, self.core.flush(time.monotonic()))
+                if self.core.held:
+                    # No backtracking here: the stream would move past it. Fail loudly
+                    # (Spark retries the task) rather than apply it out of order or lose it.
+                    first = self.core.held[0]
+                    raise ProjectionError(
+                        f"projection {self.where}: {first.persistence_id!r} seq_nr "
+                        f"{first.seq_nr} follows events that are neither visible nor deleted"
+                    )
                 if newest is not None:
                     # Every row of the range below `newest` that was visible to this
                     # batch's read has been handled: the core writes progress markers

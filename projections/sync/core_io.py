@@ -2,9 +2,11 @@
 # Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
 """The projection core's one I/O seam: its journal reads, answered on a connection.
 
-`ProjectionCore` asks for three things while it validates an envelope: the
-timestamp of an id's previous event, the events of a gap, an event's
-payload. Every runner answers them here — the in-process runners from the
+`ProjectionCore` asks for four things while it validates an envelope: an
+unknown id's stored offset row, the timestamp of an id's previous event and
+the events of a gap (each with the journal's deletion evidence, so a gap is
+accepted only when the journal shows it deleted), an event's payload.
+Every runner answers them here — the in-process runners from the
 journal's read pool, the Spark sink on its partition's own (fenced)
 connection through the generated sync twin — with the journal's own
 statements, so no runner carries a copy of this SQL.
@@ -26,26 +28,49 @@ from journal.tables import Tables
 from projections.core import (
     Action,
     Commit,
+    GapFill,
     Handle,
     LoadPayload,
     MissingEvents,
+    Previous,
     PreviousTimestamp,
     ProjectionCore,
     SaveOffsets,
+    StoredOffset,
 )
+from projections.offset_sql import OffsetSql, records_of
 
-Read = PreviousTimestamp | MissingEvents | LoadPayload
+Read = StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload
+
+
+def _deleted_to(conn: Connection[Any], tables: Tables, pid: str, from_seq: int) -> int:
+    cur = conn.execute(q.deleted_to(tables), (pid, from_seq))
+    row = cur.fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def reply_to(
-    conn: Connection[Any], tables: Tables, registry: SerializerRegistry, request: Read
+    conn: Connection[Any],
+    tables: Tables,
+    registry: SerializerRegistry,
+    request: Read,
+    offsets: OffsetSql | None = None,
 ) -> Any:
-    """The reply `ProjectionCore.answer` expects for `request`, read on `conn`."""
+    """The reply `ProjectionCore.answer` expects for `request`, read on `conn`
+    (`offsets`: the projection's offset statements, for a `StoredOffset`)."""
     pid = request.persistence_id
+    if isinstance(request, StoredOffset):
+        assert offsets is not None, "a StoredOffset needs the projection's OffsetSql"
+        statement = offsets.stored(pid, request.slice)
+        cur = conn.execute(statement.query, statement.params)
+        stored = records_of(cur.fetchall())
+        return stored[0] if stored else None
     if isinstance(request, PreviousTimestamp):
         cur = conn.execute(q.timestamp_of(tables), (pid, request.seq_nr))
         row = cur.fetchone()
-        return None if row is None else row[0]
+        timestamp = None if row is None else row[0]
+        deleted_to = 0 if row is not None else _deleted_to(conn, tables, pid, request.seq_nr)
+        return Previous(timestamp, deleted_to)
     if isinstance(request, MissingEvents):
         params = {
             "pid": pid,
@@ -55,7 +80,10 @@ def reply_to(
         }
         cur = conn.execute(q.by_persistence_id(tables), params)
         rows = cur.fetchall()
-        return [row_to_envelope(r, registry, source="persistence_id") for r in rows]
+        events = [row_to_envelope(r, registry, source="persistence_id") for r in rows]
+        complete = len(events) == params["limit"]
+        deleted_to = 0 if complete else _deleted_to(conn, tables, pid, request.from_seq_nr)
+        return GapFill(events, deleted_to)
     cur = conn.execute(q.one_event(tables), (pid, request.seq_nr))
     row = cur.fetchone()
     found: EventEnvelope | None = (
@@ -75,26 +103,28 @@ class CoreReads:
         *,
         pool: ConnectionPool[Any] | None = None,
         conn: Connection[Any] | None = None,
+        offsets: OffsetSql | None = None,
     ) -> None:
         self._tables = tables
         self._registry = registry
         self._pool = pool
         self._conn = conn
+        self._offsets = offsets
 
     def reply(self, request: Read) -> Any:
         """Read what `request` asks for."""
         if self._conn is not None:
-            return reply_to(self._conn, self._tables, self._registry, request)
+            return reply_to(self._conn, self._tables, self._registry, request, self._offsets)
         assert self._pool is not None, "CoreReads needs a pool or a connection"
         with self._pool.connection() as conn:
-            return reply_to(conn, self._tables, self._registry, request)
+            return reply_to(conn, self._tables, self._registry, request, self._offsets)
 
     def drive(
         self, core: ProjectionCore, action: Action | None
     ) -> Handle | Commit | SaveOffsets | None:
         """Answer the core's reads until it asks for something else: the returned
         `Handle`, `Commit` or `SaveOffsets` (or None: nothing to do)."""
-        while isinstance(action, PreviousTimestamp | MissingEvents | LoadPayload):
+        while isinstance(action, StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload):
             action = core.answer(self.reply(action), time.monotonic())
         assert action is None or isinstance(action, Handle | Commit | SaveOffsets)
         return action

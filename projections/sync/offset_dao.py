@@ -59,9 +59,16 @@ class OffsetDao:
         for statement in self.sql.save(key, records, fence):
             self._run(conn, statement)
 
-    def cleanup(self, conn: Connection[Any], slices: SliceRange, window: timedelta) -> int:
-        """Delete rows older than each slice's latest minus the window; returns the count."""
-        return self._run(conn, self.sql.cleanup(slices, window))
+    def cleanup(
+        self,
+        conn: Connection[Any],
+        slices: SliceRange,
+        window: timedelta,
+        consumed: timedelta | None = None,
+    ) -> int:
+        """Delete rows older than each slice's latest minus the window (and, with
+        `consumed`, stored longer ago than that); returns the count."""
+        return self._run(conn, self.sql.cleanup(slices, window, consumed))
 
     def clear(self, conn: Connection[Any], slices: SliceRange) -> None:
         self._run(conn, self.sql.clear(slices))

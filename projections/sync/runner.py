@@ -64,6 +64,7 @@ from projections.core import (
     PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
+    StoredOffset,
     record_of,
 )
 from projections.errors import ProjectionError
@@ -149,7 +150,9 @@ class SyncProjection:
         self._handler = handler
         self._dao = OffsetDao(journal.tables, self.name)
         self._management = ManagementSql(journal.tables)
-        self._reads = CoreReads(journal.tables, journal.serializers, pool=journal.read_pool)
+        self._reads = CoreReads(
+            journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
+        )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
         self._running = False
@@ -415,7 +418,7 @@ class SyncProjection:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
         core = self._core
         while action is not None:
-            if isinstance(action, PreviousTimestamp | MissingEvents | LoadPayload):
+            if isinstance(action, StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload):
                 action = self._reads.drive(core, action)
                 continue
             if isinstance(action, Handle):
@@ -581,7 +584,12 @@ class SyncProjection:
 
     def _cleanup(self) -> None:
         with self.journal.pool.connection() as conn:
-            deleted = self._dao.cleanup(conn, self.slice_range, self.settings.time_window)
+            deleted = self._dao.cleanup(
+                conn,
+                self.slice_range,
+                self.settings.time_window,
+                self.settings.delete_after_consumed,
+            )
         self._core.cleaned_up(deleted)
 
 

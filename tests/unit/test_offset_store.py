@@ -26,8 +26,10 @@ from hypothesis.control import currently_in_test_context
 from journal import NUMBER_OF_SLICES, EventEnvelope, SliceRange, TimestampOffset, slice_ranges
 from projections.core import (
     Commit,
+    GapFill,
     MissingEvents,
     Mode,
+    Previous,
     PreviousTimestamp,
     ProjectionCore,
 )
@@ -130,6 +132,11 @@ class JournalModel:
             return None
         return evs[seq_nr - 1].timestamp
 
+    def evidence(self, pid: str, from_seq_nr: int) -> int:
+        """The deletion marker's seq_nr if at or above `from_seq_nr`, else 0."""
+        marker = self.deleted_to.get(pid, 0)
+        return marker if marker >= from_seq_nr else 0
+
     def fetch(self, pid: str, lo: int, hi: int) -> list[Ev]:
         """`current_events_by_persistence_id(pid, lo, hi)`: stored events, deleted skipped."""
         return [e for e in self.by_pid.get(pid, [])[lo - 1 : hi] if not self.is_deleted(e)]
@@ -171,13 +178,19 @@ class Driver:
         before = len(self.core.pending)
         action = self.core.offer(e.envelope(), NOW)
         while action is not None:
+            pid = action.persistence_id if hasattr(action, "persistence_id") else ""
             if isinstance(action, PreviousTimestamp):
-                reply: Any = self.model.timestamp_of(action.persistence_id, action.seq_nr)
+                reply: Any = Previous(
+                    self.model.timestamp_of(pid, action.seq_nr),
+                    self.model.evidence(pid, action.seq_nr),
+                )
             elif isinstance(action, MissingEvents):
                 asked_for_missing = True
                 assert 1 <= action.from_seq_nr <= action.to_seq_nr < e.seq_nr
-                fetched = self.model.fetch(action.persistence_id, *request_range(action))
-                reply = [m.envelope() for m in fetched]
+                fetched = self.model.fetch(pid, *request_range(action))
+                reply = GapFill(
+                    [m.envelope() for m in fetched], self.model.evidence(pid, action.from_seq_nr)
+                )
             else:
                 raise AssertionError(f"payloads are loaded and batches never due here: {action}")
             action = self.core.answer(reply, NOW)
@@ -359,12 +372,15 @@ def test_known_pid_whose_missing_events_were_deleted_is_accepted() -> None:
     # the projection read them, so the query delivers 6 next. The runner asks
     # for 4..5, gets nothing, and validates again with previous_timestamp=None
     # ("deleted or gone"). A GAP here would drop 6 and every later event of the pid.
+    # The journal's deletion marker at 5 is the evidence.
     state = OffsetState(WINDOW, [rec(2, "T|a", 3, 10)])
     assert state.validate("T|a", 6, 2, at(20)).verdict is GAP
-    assert state.validate("T|a", 6, 2, at(20), None).verdict is ACCEPTED
-    # A live previous timestamp still means a gap.
-    v = state.validate("T|a", 6, 2, at(20), at(15))
-    assert (v.verdict, v.missing_from, v.missing_to) == (GAP, 4, 5)
+    assert state.validate("T|a", 6, 2, at(20), deleted_to=5).verdict is ACCEPTED
+    assert state.validate("T|a", 6, 2, at(20), deleted_to=9).verdict is ACCEPTED
+    # Nothing found and no marker (or one below the gap's end): still a gap, never a guess.
+    for evidence in (None, 0, 4):
+        v = state.validate("T|a", 6, 2, at(20), deleted_to=evidence)
+        assert (v.verdict, v.missing_from, v.missing_to) == (GAP, 4, 5)
 
 
 # -- unknown pids ----------------------------------------------------------------------------------
@@ -380,8 +396,11 @@ def test_unknown_pid_first_event_is_accepted() -> None:
 def test_unknown_pid_later_event_depends_on_the_previous_timestamp() -> None:
     state = OffsetState(WINDOW, [rec(5, "T|b", 1, 100)])  # window of slice 5 starts at 40
     assert state.validate("T|a", 4, 5, at(90)).verdict is NEEDS_PREVIOUS
-    # previous deleted or gone
-    assert state.validate("T|a", 4, 5, at(90), None).verdict is ACCEPTED
+    # previous deleted (the journal's marker at or above it)
+    assert state.validate("T|a", 4, 5, at(90), None, deleted_to=3).verdict is ACCEPTED
+    # previous neither stored nor deleted: not visible yet, rejected
+    v = state.validate("T|a", 4, 5, at(90), None, deleted_to=0)
+    assert (v.verdict, v.missing_from, v.missing_to) == (Verdict.REJECTED, 1, 3)
     # previous older than the window: its record was cleaned up, so it was handled
     assert state.validate("T|a", 4, 5, at(90), at(39)).verdict is ACCEPTED
     # previous inside the window but not in the store: not handled yet
@@ -394,7 +413,8 @@ def test_unknown_pid_in_a_slice_without_rows_gaps_from_one() -> None:
     state = OffsetState(WINDOW, [rec(5, "T|b", 1, 100)])
     v = state.validate("T|a", 2, 6, at(90), at(-10_000))  # slice 6 has no rows: no window
     assert (v.verdict, v.missing_from, v.missing_to) == (GAP, 1, 1)
-    assert state.validate("T|a", 2, 6, at(90), None).verdict is ACCEPTED
+    assert state.validate("T|a", 2, 6, at(90), None, deleted_to=1).verdict is ACCEPTED
+    assert state.validate("T|a", 2, 6, at(90), None).verdict is Verdict.REJECTED
 
 
 # -- the time window and eviction ------------------------------------------------------------------

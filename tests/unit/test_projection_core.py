@@ -16,10 +16,12 @@ from journal.model import NOT_LOADED, EventEnvelope, TimestampOffset
 from projections.core import (
     Batcher,
     Commit,
+    GapFill,
     Handle,
     LoadPayload,
     MissingEvents,
     Mode,
+    Previous,
     PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
@@ -99,13 +101,15 @@ def conversation_for(journal: dict[tuple[str, int], EventEnvelope]) -> Any:
         asked.append(request)
         if isinstance(request, PreviousTimestamp):
             found = journal.get((request.persistence_id, request.seq_nr))
-            return None if found is None else found.db_timestamp
+            return Previous(None if found is None else found.db_timestamp)
         if isinstance(request, MissingEvents):
-            return [
-                journal[(request.persistence_id, n)]
-                for n in range(request.from_seq_nr, request.to_seq_nr + 1)
-                if (request.persistence_id, n) in journal
-            ]
+            return GapFill(
+                [
+                    journal[(request.persistence_id, n)]
+                    for n in range(request.from_seq_nr, request.to_seq_nr + 1)
+                    if (request.persistence_id, n) in journal
+                ]
+            )
         assert isinstance(request, LoadPayload)
         return journal.get((request.persistence_id, request.seq_nr))
 
@@ -264,7 +268,7 @@ def test_core_a_gap_asks_for_the_missing_events_and_commits_them_first() -> None
     core = core_for(Mode.EXACTLY_ONCE, [Record(7, "a", 1, BASE + timedelta(seconds=1))])
     request = core.offer(stored[("a", 4)], 0.0)
     assert request == MissingEvents("a", 2, 3)
-    first = core.answer([stored[("a", 2)], stored[("a", 3)]], 0.0)
+    first = core.answer(GapFill([stored[("a", 2)], stored[("a", 3)]]), 0.0)
     assert isinstance(first, Commit) and [e.seq_nr for e in first.envelopes] == [2]
     second = core.committed(0.0)
     assert isinstance(second, Commit) and [e.seq_nr for e in second.envelopes] == [3]
@@ -277,8 +281,14 @@ def test_core_a_gap_asks_for_the_missing_events_and_commits_them_first() -> None
 def test_core_an_unknown_pid_asks_for_the_previous_timestamp() -> None:
     core = core_for(Mode.GROUPED, [Record(7, "x", 1, BASE + timedelta(seconds=100))])
     assert core.offer(env("b", 3, 103), 0.0) == PreviousTimestamp("b", 2)
-    assert core.answer(None, 0.0) is None  # deleted: accepted without a gap fill
+    # deleted (the journal's marker at 2): accepted without a gap fill
+    assert core.answer(Previous(None, deleted_to=2), 0.0) is None
     assert [e.seq_nr for e in core.pending] == [3]
+    # not stored and not deleted: not visible yet, so held, never accepted on a guess
+    assert core.offer(env("f", 3, 104), 0.0) == PreviousTimestamp("f", 2)
+    assert core.answer(Previous(None), 0.0) is None
+    assert [e.seq_nr for e in core.pending] == [3] and core.stats.rejected == 1
+    assert [(e.persistence_id, e.seq_nr) for e in core.held] == [("f", 3)]
 
 
 def test_core_a_backtracked_envelope_gets_its_payload_or_is_dropped() -> None:
