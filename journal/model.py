@@ -47,6 +47,9 @@ class _Marker:
 NOT_LOADED: Final = _Marker("NOT_LOADED")
 # The payload could not be decoded; the envelope's `error` says why.
 UNDECODABLE: Final = _Marker("UNDECODABLE")
+# `Journal.delete_all`'s tombstone row: event_ser_id 0 with this manifest, deleted, no payload.
+TOMBSTONE_MANIFEST: Final = "slicejournal.tombstone"
+TOMBSTONE_SER_ID: Final = 0
 
 
 @attrs.frozen
@@ -95,7 +98,8 @@ class EventEnvelope:
     reader decides; projections hand it to their recovery strategy, and
     `decoded_event()` raises it. `source` tells which kind
     of query produced the envelope: "query", "backtracking", "persistence_id",
-    "append" or, for idle progress markers, "heartbeat".
+    "append" or, for idle progress markers, "heartbeat". `deleted` marks the
+    tombstone `Journal.delete_all` leaves: the id was erased, `event` is None.
     """
 
     persistence_id: str
@@ -112,6 +116,7 @@ class EventEnvelope:
     offset: TimestampOffset | None = None
     source: str = "query"
     error: DeserializationError | None = None
+    deleted: bool = False
 
     def decoded_event(self) -> Any:
         """The event, or raise the `DeserializationError` that kept it from being decoded."""

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from journal.errors import DeserializationError
-from journal.model import NOT_LOADED, UNDECODABLE, EventEnvelope, TimestampOffset
+from journal.model import (
+    NOT_LOADED,
+    TOMBSTONE_MANIFEST,
+    TOMBSTONE_SER_ID,
+    UNDECODABLE,
+    EventEnvelope,
+    TimestampOffset,
+)
 from journal.serialization import SerializerRegistry
 
 COLUMNS = (
@@ -93,6 +100,12 @@ def row_to_envelope(
         meta_payload,
         payload,
     ) = row[:ROW_WIDTH]
+    if manifest == TOMBSTONE_MANIFEST and ser_id == TOMBSTONE_SER_ID:
+        # `Journal.delete_all`'s tombstone: the id was erased; nothing to decode.
+        return EventEnvelope(
+            pid, entity_type, slice_, seq_nr, db_timestamp, None, None, manifest,
+            (), None, writer, offset, source, None, True,
+        )  # fmt: skip
     event, metadata, error = decode_payloads(
         registry, pid, seq_nr, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload
     )

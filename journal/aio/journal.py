@@ -15,6 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal.aio.by_persistence_id import PersistenceIdQueries
+from journal.aio.erasure import Eraser
 from journal.aio.flavour import ASYNC
 from journal.aio.migrate import check_schema as check_schema_version
 from journal.aio.migrate import migrate
@@ -25,6 +26,7 @@ from journal.aio.snapshots import SnapshotStore
 from journal.aio.writer import EventWriter
 from journal.connection import translate_errors
 from journal.dsn import database
+from journal.erasure import DEFAULT_BATCH_SIZE, check_erasure
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
 from journal.query import sql as q
@@ -71,6 +73,7 @@ class Journal:
             self.pool, self.tables, registry, settings.writer_id, self._notifier
         )
         self._snapshots = SnapshotStore(self.pool, self.tables, registry)
+        self._eraser = Eraser(self.pool, self.tables, settings.writer_id, self._notifier)
         self._slices = SliceReader(
             self.read_pool, self.tables, registry, settings.query, self._listener
         )
@@ -194,6 +197,30 @@ class Journal:
         if isinstance(to_seq_nr, bool) or not isinstance(to_seq_nr, int) or to_seq_nr < 0:
             raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
         return await self._writer.delete_events_to(pid, to_seq_nr)
+
+    @translate_errors
+    async def delete_all(
+        self,
+        persistence_id: str,
+        reset_sequence_number: bool = False,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> int:
+        """Erase the id (GDPR-style): every event, deletion marker and its snapshot.
+
+        Rows go in batches of `batch_size`, each in a short transaction of its
+        own. One row stays, written first: a tombstone (`deleted`, no payload)
+        that slice queries deliver as an `EventEnvelope` with `deleted=True` and
+        `event=None`, so projections learn the id was erased (their handler gets
+        it like an event and deletes its rows) and a gap below it reads as
+        deleted. Without `reset_sequence_number` the tombstone takes seq_nr
+        highest + 1 and the id's next append continues after it; with it the
+        tombstone sits at seq_nr 0 and the id starts again at 1. Stop the id's
+        writers first. Running it again after a failure finishes the job.
+        Returns the number of rows removed (0: the id had no events).
+        """
+        erasure = check_erasure(persistence_id, reset_sequence_number, batch_size)
+        return await self._eraser.delete_all(erasure)
 
     @translate_errors
     async def save_snapshot(

@@ -18,6 +18,7 @@ from psycopg import Connection
 
 from journal.connection import translate_errors
 from journal.dsn import database
+from journal.erasure import DEFAULT_BATCH_SIZE, check_erasure
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
 from journal.query import sql as q
@@ -29,6 +30,7 @@ from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
 from journal.sync.by_persistence_id import PersistenceIdQueries
+from journal.sync.erasure import Eraser
 from journal.sync.flavour import ASYNC
 from journal.sync.migrate import check_schema as check_schema_version
 from journal.sync.migrate import migrate
@@ -73,6 +75,7 @@ class SyncJournal:
             self.pool, self.tables, registry, settings.writer_id, self._notifier
         )
         self._snapshots = SnapshotStore(self.pool, self.tables, registry)
+        self._eraser = Eraser(self.pool, self.tables, settings.writer_id, self._notifier)
         self._slices = SliceReader(
             self.read_pool, self.tables, registry, settings.query, self._listener
         )
@@ -196,6 +199,30 @@ class SyncJournal:
         if isinstance(to_seq_nr, bool) or not isinstance(to_seq_nr, int) or to_seq_nr < 0:
             raise InvalidArgument(f"to_seq_nr must be an int >= 0, got {to_seq_nr!r}")
         return self._writer.delete_events_to(pid, to_seq_nr)
+
+    @translate_errors
+    def delete_all(
+        self,
+        persistence_id: str,
+        reset_sequence_number: bool = False,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> int:
+        """Erase the id (GDPR-style): every event, deletion marker and its snapshot.
+
+        Rows go in batches of `batch_size`, each in a short transaction of its
+        own. One row stays, written first: a tombstone (`deleted`, no payload)
+        that slice queries deliver as an `EventEnvelope` with `deleted=True` and
+        `event=None`, so projections learn the id was erased (their handler gets
+        it like an event and deletes its rows) and a gap below it reads as
+        deleted. Without `reset_sequence_number` the tombstone takes seq_nr
+        highest + 1 and the id's next append continues after it; with it the
+        tombstone sits at seq_nr 0 and the id starts again at 1. Stop the id's
+        writers first. Running it again after a failure finishes the job.
+        Returns the number of rows removed (0: the id had no events).
+        """
+        erasure = check_erasure(persistence_id, reset_sequence_number, batch_size)
+        return self._eraser.delete_all(erasure)
 
     @translate_errors
     def save_snapshot(
