@@ -15,6 +15,15 @@ from projections.core import Mode, ProjectionCore, ProjectionStats
 from projections.errors import LeaseLost, OffsetConflict, ProjectionError, UnknownProjection
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
+from projections.retention import (
+    ProjectionInfo,
+    RangeReport,
+    Registration,
+    RetentionPolicy,
+    RetentionReport,
+    RetentionSettings,
+    parse_duration,
+)
 from projections.settings import ProjectionSettings
 
 # The runners and management load psycopg and asyncio, the exporters prometheus_client
@@ -24,6 +33,7 @@ if TYPE_CHECKING:
     from projections.aio.fleet_control import FleetControl
     from projections.aio.group import ProjectionGroup
     from projections.aio.management import ProjectionManagement
+    from projections.aio.retention import Retention
     from projections.aio.runner import (
         AtLeastOnceHandler,
         GroupedHandler,
@@ -37,6 +47,7 @@ if TYPE_CHECKING:
     from projections.sync.fleet_control import SyncFleetControl
     from projections.sync.group import SyncProjectionGroup
     from projections.sync.management import SyncProjectionManagement
+    from projections.sync.retention import SyncRetention
     from projections.sync.runner import (
         SyncAtLeastOnceHandler,
         SyncGroupedHandler,
@@ -52,6 +63,8 @@ __getattr__, __dir__ = lazy_attributes(
     {
         **dict.fromkeys(("DeadLetter", "RangeStatus"), "projections.management"),
         "ProjectionManagement": "projections.aio.management",
+        "Retention": "projections.aio.retention",
+        "SyncRetention": "projections.sync.retention",
         **dict.fromkeys(
             ("AtLeastOnceHandler", "GroupedHandler", "Handler", "Projection"),
             "projections.aio.runner",
@@ -103,14 +116,21 @@ __all__ = [
     "ProjectionCore",
     "ProjectionError",
     "ProjectionGroup",
+    "ProjectionInfo",
     "ProjectionManagement",
     "ProjectionSettings",
     "ProjectionStats",
     "PrometheusTelemetry",
+    "RangeReport",
     "RangeStatus",
     "Record",
     "RecordingTelemetry",
     "RecoveryStrategy",
+    "Registration",
+    "Retention",
+    "RetentionPolicy",
+    "RetentionReport",
+    "RetentionSettings",
     "SyncAtLeastOnceHandler",
     "SyncFleetControl",
     "SyncGroupedHandler",
@@ -118,11 +138,13 @@ __all__ = [
     "SyncProjection",
     "SyncProjectionGroup",
     "SyncProjectionManagement",
+    "SyncRetention",
     "Telemetry",
     "UnknownProjection",
     "Validation",
     "Verdict",
     "WorkerApp",
     "WorkerSettings",
+    "parse_duration",
     "use_telemetry",
 ]

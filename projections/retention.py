@@ -304,8 +304,8 @@ class SliceOutcome:
     slice: int
     # Events deleted (or, in a dry run, that would be).
     events: int
-    # Events the policy lets go that a projection has not consumed (counted among those
-    # examined: every one in a dry run, up to the projections' bound when applying).
+    # Events the policy lets go that a projection has not consumed: every one in a dry
+    # run; applying, those examined plus up to a batch past the projections' bound.
     held: int
     binding: Holder | None
     blocked: bool

@@ -171,6 +171,14 @@ class RetentionSql:
                 "  AND db_timestamp < %(cutoff)s::timestamptz AND NOT deleted) ORDER BY 1"
             ).format(last=sql.Literal(NUMBER_OF_SLICES - 1), **names)
         )
+        self.beyond = rendered(
+            sql.SQL(
+                "SELECT count(*) FROM (SELECT 1 FROM {j} WHERE slice = %(slice)s "
+                "  AND entity_type = %(et)s AND NOT deleted "
+                "  AND db_timestamp > %(upper)s::timestamptz "
+                "  AND db_timestamp < %(cutoff)s::timestamptz LIMIT %(cap)s) AS held"
+            ).format(**names)
+        )
         self.retired = rendered(
             sql.SQL("SELECT projection_name FROM {r} WHERE retired ORDER BY 1").format(**names)
         )
@@ -221,6 +229,18 @@ class RetentionSql:
         """The slices holding an event of the entity type that the time rule lets go."""
         cutoff = _bound(policy.cutoff(now))
         return Statement(self.candidates, {"et": policy.entity_type, "cutoff": cutoff})
+
+    def held_beyond(self, plan: SlicePlan, policy: RetentionPolicy, cap: int) -> Statement:
+        """Applying: how many events (up to `cap`) the time rule lets go past the
+        projections' bound, where no batch looks: held back, for the report."""
+        params = {
+            "slice": plan.slice,
+            "et": policy.entity_type,
+            "cutoff": _bound(plan.cutoff),
+            "upper": MINUS_INFINITY if plan.blocked else _bound(plan.upper),
+            "cap": cap,
+        }
+        return Statement(self.beyond, params)
 
     def holders_of(
         self, slice_: int, entity_type: str, implicit: Sequence[str], others: Sequence[str]

@@ -1,7 +1,8 @@
 """The `slicejournal` command: `init` / `migrate` bring the schema to this release,
 `demo` runs the showcase, `server` manages the embedded PostgreSQL, `worker` runs a
 share of a projection fleet and `scale`, `status`, `pause`, `resume`, `set-offset`,
-`clear-offset` and `dead-letters` operate it."""
+`clear-offset` and `dead-letters` operate it; `retention apply` deletes old events no
+projection still needs and `projections list | register | retire` manage what holds it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from journal.settings import JournalSettings
 from slicejournal import __version__
 from slicejournal.fleet_cli import add_fleet_parsers
 from slicejournal.logs import add_log_options, configure_logging
+from slicejournal.retention_cli import add_retention_parsers, check_rules
 from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
@@ -161,11 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_server_parser(sub)
     add_fleet_parsers(sub, dsn, _bounded_int)
+    common = argparse.ArgumentParser(add_help=False, parents=[dsn])
+    common.add_argument("--schema", default="public", help="schema name (default: public)")
+    add_retention_parsers(sub, common, _bounded_int)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_rules(parser, args)
     configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))

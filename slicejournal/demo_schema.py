@@ -32,6 +32,7 @@ def _demo_tables(settings: JournalSettings, read_models: tuple[str, ...]) -> lis
         settings.snapshot_table,
         settings.offset_table,
         settings.management_table,
+        Tables(settings).registry_name,
         settings.dead_letter_table,
         settings.fleet_table,
         settings.fleet_worker_table,

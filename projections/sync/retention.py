@@ -108,15 +108,20 @@ class SyncRetention:
                 cur = conn.execute(statement.query, statement.params)
                 holders = [Holder(*row) for row in cur.fetchall()]
                 plan = plan_slice(policy, slice_, now, holders, self.settings.time_window)
-                if plan.blocked and not dry_run:
-                    return SliceOutcome(slice_, events, held, plan.binding, True)
-                examined, gone, kept, *last = self._one(
-                    conn, self._sql.batch(plan, policy, after, batch_size, dry_run=dry_run)
-                )
-            events += gone
-            held += kept
-            if examined < batch_size:
-                return SliceOutcome(slice_, events, held, plan.binding, plan.blocked)
+                examined = 0
+                if dry_run or not plan.blocked:
+                    examined, gone, kept, *last = self._one(
+                        conn, self._sql.batch(plan, policy, after, batch_size, dry_run=dry_run)
+                    )
+                    events += gone
+                    held += kept
+                if examined < batch_size:
+                    if not dry_run and plan.binding is not None:
+                        # No batch looked past the projections' bound: count what waits
+                        # there (up to a batch) so the report says what holds it back.
+                        statement = self._sql.held_beyond(plan, policy, batch_size)
+                        held += int((self._one(conn, statement))[0])
+                    return SliceOutcome(slice_, events, held, plan.binding, plan.blocked)
             after = (last[0], last[1], last[2])
 
     def _retired_offsets(self, names: list[str], dry_run: bool) -> int:

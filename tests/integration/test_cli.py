@@ -47,6 +47,7 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
             "snapshot",
             "projection_timestamp_offset_store",
             "projection_management",
+            "projection_management_registry",
             "projection_dead_letter",
             "projection_fleet",
             "projection_fleet_worker",
