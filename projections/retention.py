@@ -13,9 +13,10 @@ An event may go when **every** rule allows it:
   `keep`, not among the `keep_last` newest of its id, at or below its id's
   snapshot with `keep_snapshot`), and
 * every projection that *holds* its slice has consumed it. A projection has
-  consumed an event of slice s when its offset store holds a row of that
-  persistence id with a seq_nr at or above the event's (the per-event record
-  every accepted envelope leaves; rows of a pid only grow), or when the event
+  consumed an event of slice s when its newest offset row of that persistence
+  id is at or above the event (seq_nr and timestamp: the per-event record every
+  accepted envelope leaves covers every lower seq_nr of the same lifetime of
+  the id), or when the event
   is older than what the projection itself treats as handled in s: its
   latest row there minus its time window (the offset store drops such an
   event as a duplicate) or its start marker (`set_offset`: skipped).
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -277,11 +278,11 @@ def deletable(
     timestamp: datetime,
     highest: int,
     snapshot_seq_nr: int | None,
-    consumed: dict[str, int],
+    consumed: Mapping[str, tuple[int, datetime]],
 ) -> bool:
     """The verdict on one event, as the statements of `retention_sql.py` compute it in
-    SQL (this is their specification; the unit tests check both agree). `consumed`
-    maps a projection to its highest stored seq_nr of the event's persistence id."""
+    SQL (their specification). `consumed` maps a projection to its newest offset row
+    of the event's persistence id: (seq_nr, timestamp)."""
     if plan.blocked:
         return False
     if plan.cutoff is not None and timestamp >= plan.cutoff:
@@ -293,8 +294,15 @@ def deletable(
     if policy.keep_snapshot and (snapshot_seq_nr is None or seq_nr > snapshot_seq_nr):
         return False
     return all(
-        timestamp < before or consumed.get(name, 0) >= seq_nr for name, before in plan.checks
+        timestamp < before or _covers(consumed.get(name), seq_nr, timestamp)
+        for name, before in plan.checks
     )
+
+
+def _covers(row: tuple[int, datetime] | None, seq_nr: int, timestamp: datetime) -> bool:
+    """An offset row at or above the event, in the same lifetime of the id (a reset id's
+    new events are newer than every row of its earlier lifetime)."""
+    return row is not None and row[0] >= seq_nr and row[1] >= timestamp
 
 
 @attrs.frozen

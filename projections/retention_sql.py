@@ -36,7 +36,9 @@ MINUS_INFINITY = "-infinity"
 
 # A page of a slice's events in the slice index's order after a cursor, and the facts
 # each rule needs: the id's highest seq_nr, its snapshot's seq_nr, and per projection
-# that must show it consumed the event, its highest offset row of that id.
+# that must show it consumed the event, its newest offset row of that id (seq_nr and
+# timestamp both at or above the event's: a row of an earlier lifetime of an id that
+# `delete_all` reset to seq_nr 1 is older than every event of the new one).
 _VERDICT = """
 WITH page AS MATERIALIZED (
   SELECT persistence_id AS pid, seq_nr AS seq, db_timestamp AS ts FROM {j}
@@ -55,14 +57,17 @@ facts AS (
   FROM ids i),
 checks AS (SELECT * FROM unnest(%(names)s::text[], %(befores)s::timestamptz[]) AS h(name, before)),
 consumed AS (
-  SELECT o.projection_name AS name, o.persistence_id AS pid, max(o.seq_nr) AS seq FROM {o} o
+  SELECT DISTINCT ON (o.projection_name, o.persistence_id)
+    o.projection_name AS name, o.persistence_id AS pid, o.seq_nr AS seq, o.timestamp_offset AS ts
+  FROM {o} o
   WHERE o.slice = %(slice)s AND o.projection_name = ANY(%(names)s::text[])
     AND o.persistence_id IN (SELECT pid FROM ids)
-  GROUP BY 1, 2),
+  ORDER BY o.projection_name, o.persistence_id, o.timestamp_offset DESC, o.seq_nr DESC),
 unmet AS (
   SELECT DISTINCT p.pid, p.seq FROM page p JOIN checks h ON p.ts >= h.before
   WHERE NOT EXISTS (
-    SELECT 1 FROM consumed c WHERE c.name = h.name AND c.pid = p.pid AND c.seq >= p.seq)),
+    SELECT 1 FROM consumed c
+    WHERE c.name = h.name AND c.pid = p.pid AND c.seq >= p.seq AND c.ts >= p.ts)),
 verdict AS (
   SELECT p.pid, p.seq,
     (%(keep_last)s::bigint IS NULL OR p.seq <= f.highest - %(keep_last)s::bigint)

@@ -30,7 +30,7 @@ from projections.aio.retention import Retention
 from projections.retention import Registration, RetentionPolicy, RetentionSettings
 from projections.sync.retention import SyncRetention
 from tests.support.pg import fetch
-from tests.support.projections import FAST
+from tests.support.projections import FAST, eventually
 
 ENTITY = "Ret"
 KEEP = RetentionPolicy(ENTITY, keep="1s")
@@ -235,3 +235,65 @@ async def test_bad_policies_and_arguments_are_refused_before_anything_is_written
         await retention.register("", ENTITY)
     with pytest.raises(InvalidArgument):
         await retention.apply("keep everything")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(300)
+async def test_writers_a_running_and_a_paused_projection_and_retention_in_a_loop(
+    pg_dsn: str, schema: str
+) -> None:
+    """The issue's run: concurrent writers (some holding their transaction open, so
+    events commit late with old timestamps), projection `live` running, `lagging`
+    (registered before the writers start) paused for a while, retention with keep=1s
+    and small batches applied in a loop meanwhile. Afterwards both,
+    resumed, have applied every event ever written exactly once (primary keys), and the
+    journal holds no event older than the policy that both have consumed: only markers."""
+    from tests.support import bank
+    from tests.support.projections import journal_settings
+
+    async with Journal.connect(pg_dsn, journal_settings(schema), create_schema=True) as j:
+        live_handler = await create_target(j, "live")
+        lagging_handler = await create_target(j, "lagging")
+        management = ProjectionManagement(j)
+        live = projection(j, "live", live_handler)
+        lagging = projection(j, "lagging", lagging_handler)
+        tasks = [asyncio.create_task(p.run()) for p in (live, lagging)]
+        writers = bank.Writers(j, accounts=120, late_fraction=0.05)
+        writers.pids = [pid(i) for i in range(120)]  # this test's entity type
+        writers.seq = dict.fromkeys(writers.pids, 0)
+        # `lagging` must hold retention from the start, before it stores its first offset.
+        await Retention(j).register("lagging", ENTITY)
+        writers.start(writers=4)
+        retention = Retention(j, RetentionSettings(batch_size=50))
+        deleted = 0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 12
+        paused = resumed = False
+        while loop.time() < until:
+            deleted += (await retention.apply(KEEP)).events
+            if not paused and loop.time() > until - 10:
+                await management.pause("lagging")
+                paused = True
+            if not resumed and loop.time() > until - 4:
+                await management.resume("lagging")  # it catches up while retention runs on
+                resumed = True
+            await asyncio.sleep(0.2)
+        await writers.stop()
+        written = {(p, s) for p, n in writers.seq.items() for s in range(1, n + 1)}
+
+        async def caught_up() -> bool:
+            return await applied(j, "live") == written and await applied(j, "lagging") == written
+
+        await eventually(caught_up, "both projections applied every event", within=120)
+        for p in (live, lagging):
+            await p.stop()
+        await asyncio.gather(*tasks)
+        assert deleted > 0 and writers.late > 0  # deleted while late commits came in
+        await asyncio.sleep(1.1)
+        await Retention(j).apply(KEEP)
+        # Exactly once: the primary keys refused any second application, and every
+        # written event is in both targets (checked above); none is left in the journal
+        # but the markers, one per id at its highest seq_nr.
+        assert await events(j) == set()
+        assert await markers(j) == {(p, n) for p, n in writers.seq.items() if n}
+        for p, n in list(writers.seq.items())[:3]:
+            assert await j.highest_seq_nr(p) == n
