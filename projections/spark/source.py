@@ -4,7 +4,8 @@ Thin drivers only: options are parsed by `options.py`, stream offsets decided
 by `offsets.py`, statements built by `sql.py`, rows converted by `arrow.py`.
 Spark builds readers on the driver and again on executors (different
 instances), so everything a partition's `read()` needs travels inside its
-`InputPartition` (a `ReadPlan`) and connections are opened in `read()`.
+`InputPartition` (a `ReadPlan`) and connections are opened in `read()`, which
+streams the partition into Arrow through `arrow_read.py`.
 
 Partitions are contiguous sub-ranges of the slice range: a persistence id lies
 in exactly one, and its events arrive in seq_nr order within it.
@@ -12,7 +13,6 @@ in exactly one, and its events arrive in seq_nr order within it.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -45,7 +45,8 @@ from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
-from projections.spark.arrow import SCHEMA_DDL, record_batch
+from projections.spark.arrow import SCHEMA_DDL
+from projections.spark.arrow_read import read_plan
 from projections.spark.offsets import (
     ONE_MICROSECOND,
     StreamOffset,
@@ -57,7 +58,6 @@ from projections.spark.options import SourceOptions, parse_options
 from projections.spark.sql import ReadPlan
 
 SHORT_NAME = "slicejournal"
-_cursor_ids = itertools.count()
 
 
 class SlicePartition(InputPartition):
@@ -66,24 +66,6 @@ class SlicePartition(InputPartition):
     def __init__(self, plan: ReadPlan) -> None:
         super().__init__(plan)
         self.plan = plan
-
-
-def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
-    """Stream a partition's rows as Arrow batches through a server-side cursor (executors)."""
-    if plan.empty:
-        return
-    options = plan.options
-    tables = Tables(options.settings)
-    statement, params = q.partition_rows(plan)
-    with (
-        open_connection(options.dsn, options.settings) as conn,
-        conn.transaction(),
-        conn.cursor(name=f"slicejournal_spark_{next(_cursor_ids)}") as cur,
-        schema_errors(tables),
-    ):
-        cur.execute(statement, params)
-        while rows := cur.fetchmany(options.batch_rows):
-            yield record_batch(rows)
 
 
 def _query_one(options: SourceOptions, statement: Any, params: Any) -> tuple[Any, ...]:

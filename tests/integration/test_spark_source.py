@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import psycopg
@@ -10,8 +11,12 @@ import pytest
 from psycopg import sql
 
 from journal import Journal
+from journal.errors import ConnectionFailed, SchemaNotInitialized
 from journal.slices import slice_for
-from projections.spark import register
+from projections.spark import arrow_read, register
+from projections.spark.arrow import ARROW_SCHEMA
+from projections.spark.options import parse_options
+from projections.spark.sql import ReadPlan
 
 ENTITY = "Acct"
 
@@ -133,3 +138,79 @@ def test_missing_dsn_and_case_insensitive_options(spark: Any, pg_dsn: str) -> No
     )
     # Building the DataFrame needs no database: the schema is the source's own.
     assert df.columns[:4] == ["persistence_id", "entity_type", "slice", "seq_nr"]
+
+
+@pytest.mark.timeout(300)
+async def test_every_serializer_tags_and_metadata_in_small_batches(
+    spark: Any, journal: Journal, pg_dsn: str
+) -> None:
+    # JSON and bytes events interleaved in one partition, read in batches of 3 rows.
+    expected: dict[tuple[str, int], tuple[str | None, bytes | None, list[str], str | None]] = {}
+    for i in range(12):
+        pid = f"{ENTITY}|s{i}"
+        if i % 2:
+            await journal.append(pid, [b"\x00\xffraw" + bytes([i])], expected_seq_nr=0)
+            expected[pid, 1] = (None, b"\x00\xffraw" + bytes([i]), [], None)
+        else:
+            await journal.append(
+                pid, [{"i": i, "text": "é ✓"}], expected_seq_nr=0, tags=["t", f"n{i}"],
+                metadata={"by": i},
+            )  # fmt: skip
+            event = json.dumps({"i": i, "text": "é ✓"})
+            expected[pid, 1] = (event, None, ["t", f"n{i}"], json.dumps({"by": i}))
+    df = _reader(spark, pg_dsn, journal.settings.schema, entityType=ENTITY, numPartitions=1,
+                 batchRows=3)  # fmt: skip
+    rows = df.collect()
+    got = {
+        (r.persistence_id, r.seq_nr): (
+            None if r.event is None else json.dumps(json.loads(r.event)),
+            None if r.event_bytes is None else bytes(r.event_bytes),
+            list(r.tags),
+            None if r.metadata is None else json.dumps(json.loads(r.metadata)),
+        )
+        for r in rows
+    }
+    assert got == expected
+    assert [r.db_timestamp for r in rows] == sorted(r.db_timestamp for r in rows)
+
+
+async def test_a_partition_streams_in_bounded_batches(
+    journal: Journal, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's batches are bounded by bytes, not by the partition: with a 2 KiB
+    target a partition of 120 ids arrives in many batches, every row once, in order."""
+    per_pid = await _fill(journal)
+    await journal.delete_events_to(f"{ENTITY}|a6", 1)
+    monkeypatch.setattr(arrow_read, "BATCH_BYTES", 2048)
+    options = parse_options({"dsn": pg_dsn, "schema": journal.settings.schema,
+                             "entityType": ENTITY, "numPartitions": "1"})  # fmt: skip
+    batches = list(arrow_read.read_plan(ReadPlan(options, options.slice_range, None)))
+    assert len(batches) > 5
+    assert all(b.schema.equals(ARROW_SCHEMA) for b in batches)
+    rows = [r for b in batches for r in b.to_pylist()]
+    keys = [(r["db_timestamp"], r["seq_nr"]) for r in rows]
+    assert keys == sorted(keys)
+    got: dict[str, list[int]] = {}
+    for r in rows:
+        got.setdefault(r["persistence_id"], []).append(r["seq_nr"])
+    expected = {p: list(range(1, n + 1)) for p, n in per_pid.items() if p.startswith(ENTITY)}
+    expected[f"{ENTITY}|a6"] = expected[f"{ENTITY}|a6"][1:]
+    assert got == expected
+
+
+def test_a_missing_table_or_server_is_a_typed_error(spark: Any, pg_dsn: str) -> None:
+    options = parse_options({"dsn": pg_dsn, "schema": "public_missing_schema",
+                             "entityType": ENTITY})  # fmt: skip
+    with pytest.raises(SchemaNotInitialized, match="public_missing_schema"):
+        next(arrow_read.read_plan(ReadPlan(options, options.slice_range, None)))
+    with pytest.raises(Exception, match="SchemaNotInitialized"):
+        _reader(spark, pg_dsn, "public_missing_schema", entityType=ENTITY).collect()
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dsn = f"postgresql://someone:s3cret-pw@127.0.0.1:{port}/nothing"
+    options = parse_options({"dsn": dsn, "entityType": ENTITY})
+    with pytest.raises(ConnectionFailed) as info:
+        next(arrow_read.read_plan(ReadPlan(options, options.slice_range, None)))
+    assert "s3cret-pw" not in str(info.value)
