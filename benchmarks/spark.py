@@ -154,6 +154,7 @@ async def run_all(
         def jdbc() -> Any:
             return (
                 spark.read.format("jdbc").option("url", url)
+                .option("driver", "org.postgresql.Driver")
                 .option("dbtable", f'"{schema}"."event_journal"')
                 .option("user", why).option("password", str(params.get("password") or ""))
                 .option("partitionColumn", "slice").option("lowerBound", "0")
@@ -170,6 +171,8 @@ async def run_all(
     else:
         print_table(["reader", "events/s", "ours/JDBC"], rows)
         print(f"JDBC baseline skipped: {why}")
+    if args.only == "batch":
+        return
 
     print(f"\n== (b) exactly-once projection of {events:,} events")
     spark_table = f"{schema}.on_spark"
@@ -268,6 +271,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--live-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--only", choices=("all", "batch"), default="all", help="batch: run (a) only"
+    )
     args = parser.parse_args(argv)
     return args, args
 
