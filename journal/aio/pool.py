@@ -28,19 +28,32 @@ from journal.tables import Tables
 
 
 async def connect(
-    dsn: str, *, connect_timeout: int, autocommit: bool = True
+    dsn: str,
+    *,
+    connect_timeout: int,
+    autocommit: bool = True,
+    application_name: str | None = None,
 ) -> AsyncConnection[Any]:
     """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    extra: dict[str, Any] = (
+        {} if application_name is None else {"application_name": application_name}
+    )
     with connect_errors(dsn):
         return await AsyncConnection.connect(
-            dsn, autocommit=autocommit, connect_timeout=connect_timeout
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout, **extra
         )
 
 
-async def open_connection(dsn: str, settings: JournalSettings) -> AsyncConnection[Any]:
+async def open_connection(
+    dsn: str, settings: JournalSettings, *, application_name: str | None = None
+) -> AsyncConnection[Any]:
     """One autocommit connection within the settings' `connect_timeout` (close it with
-    `with`): for code without a pool, such as Spark executors."""
-    return await connect(dsn, connect_timeout=settings.connect_timeout_seconds)
+    `with`): for code without a pool, such as Spark executors. A connection that only
+    reads the journal names itself `READER_APPLICATION`, so that live queries' horizon
+    readings do not wait for its transactions."""
+    return await connect(
+        dsn, connect_timeout=settings.connect_timeout_seconds, application_name=application_name
+    )
 
 
 class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):

@@ -29,16 +29,33 @@ from journal.settings import JournalSettings
 from journal.tables import Tables
 
 
-def connect(dsn: str, *, connect_timeout: int, autocommit: bool = True) -> Connection[Any]:
+def connect(
+    dsn: str,
+    *,
+    connect_timeout: int,
+    autocommit: bool = True,
+    application_name: str | None = None,
+) -> Connection[Any]:
     """One connection, or `ConnectionFailed` / `InvalidArgument` within `connect_timeout` s."""
+    extra: dict[str, Any] = (
+        {} if application_name is None else {"application_name": application_name}
+    )
     with connect_errors(dsn):
-        return Connection.connect(dsn, autocommit=autocommit, connect_timeout=connect_timeout)
+        return Connection.connect(
+            dsn, autocommit=autocommit, connect_timeout=connect_timeout, **extra
+        )
 
 
-def open_connection(dsn: str, settings: JournalSettings) -> Connection[Any]:
+def open_connection(
+    dsn: str, settings: JournalSettings, *, application_name: str | None = None
+) -> Connection[Any]:
     """One autocommit connection within the settings' `connect_timeout` (close it with
-    `with`): for code without a pool, such as Spark executors."""
-    return connect(dsn, connect_timeout=settings.connect_timeout_seconds)
+    `with`): for code without a pool, such as Spark executors. A connection that only
+    reads the journal names itself `READER_APPLICATION`, so that live queries' horizon
+    readings do not wait for its transactions."""
+    return connect(
+        dsn, connect_timeout=settings.connect_timeout_seconds, application_name=application_name
+    )
 
 
 class SyncJournalPool(ConnectionPool[Connection[Any]]):

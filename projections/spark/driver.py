@@ -40,7 +40,7 @@ from projections.spark.leases import (
     SparkLeases,
     spark_owner,
 )
-from projections.spark.options import DEFAULT_PARTITIONS, parse_options
+from projections.spark.options import DEFAULT_PARTITIONS, backtracking_window, parse_options
 from projections.spark.session import register
 from projections.spark.sink import PartitionApplier, SparkHandler
 from projections.spark.telemetry import SparkQueryTelemetry
@@ -90,6 +90,9 @@ def _source_options(
         "minSlice": str(slice_range.min_slice),
         "maxSlice": str(slice_range.max_slice),
         "numPartitions": str(num_partitions),
+        # The stream re-reads what the in-process runners would backtrack over.
+        "behindCurrentTime": str(settings.query.behind_current_time.total_seconds()),
+        "backtrackingWindow": str(backtracking_window(settings).total_seconds()),
     }
     options |= {k: str(v) for k, v in extra.items() if v is not None}
     parse_options(options)  # a bad value fails here, before any lease is taken

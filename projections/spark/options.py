@@ -21,11 +21,17 @@ from journal.slices import SliceRange, validate_entity_type
 
 _DEFAULT_QUERY = QuerySettings()
 DEFAULT_PARTITIONS = 4
-# How far behind a stream offset rows may still commit late and are re-read: the
-# slice query's backtracking window plus its lag, as the in-process runners use.
-DEFAULT_WINDOW = (
-    _DEFAULT_QUERY.backtracking.window + _DEFAULT_QUERY.backtracking.behind_current_time
-)
+
+
+def backtracking_window(settings: JournalSettings) -> timedelta:
+    """How far below a stream offset rows are re-read when nobody knows what was open
+    there: the slice query's backtracking window plus its lag, as the in-process
+    runners use."""
+    backtracking = settings.query.backtracking
+    return backtracking.window + backtracking.behind_current_time
+
+
+DEFAULT_WINDOW = backtracking_window(JournalSettings())
 # Rows per Arrow batch a partition reader yields (and fetches per round trip).
 DEFAULT_BATCH_ROWS = 10_000
 

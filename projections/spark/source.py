@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import pyarrow as pa
+from psycopg import Connection
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -41,6 +42,8 @@ from pyspark.sql.streaming.datasource import (
 
 from journal.connection import schema_errors
 from journal.model import EPOCH
+from journal.query import sql as journal_sql
+from journal.query.horizon import READER_APPLICATION, Horizon, horizon_from_row
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
@@ -50,9 +53,12 @@ from projections.spark.arrow_read import read_plan
 from projections.spark.offsets import (
     ONE_MICROSECOND,
     StreamOffset,
+    batch_bound,
+    batch_start,
     end_timestamp,
     initial_offset,
-    reread_from,
+    is_empty,
+    next_offset,
 )
 from projections.spark.options import SourceOptions, parse_options
 from projections.spark.sql import ReadPlan
@@ -68,14 +74,42 @@ class SlicePartition(InputPartition):
         self.plan = plan
 
 
-def _query_one(options: SourceOptions, statement: Any, params: Any) -> tuple[Any, ...]:
-    with (
-        open_connection(options.dsn, options.settings) as conn,
-        schema_errors(Tables(options.settings)),
-    ):
-        row = conn.execute(statement, params).fetchone()
-    assert row is not None  # aggregates always return a row
-    return tuple(row)
+class PlanningConnection:
+    """The driver's connection for planning stream batches: opened on first use, kept
+    between triggers, reopened after it fails (the failure still fails that trigger,
+    and Spark retries it). Never pickled: executors get `ReadPlan`s, not this."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._tables = Tables(options.settings)
+        self._conn: Connection[Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_options": self._options, "_tables": self._tables, "_conn": None}
+
+    def one(self, statement: Any, params: Any) -> tuple[Any, ...]:
+        """The single row of `statement` (an aggregate, so there is always one)."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = open_connection(
+                    self._options.dsn, self._options.settings, application_name=READER_APPLICATION
+                )
+            with schema_errors(self._tables):
+                row = self._conn.execute(statement, params).fetchone()
+        except BaseException:
+            self.close()
+            raise
+        assert row is not None
+        return tuple(row)
+
+    def reading(self) -> Horizon:
+        """A reading of the open transactions that may write to the journal."""
+        return horizon_from_row(self.one(*journal_sql.horizon(self._tables, READER_APPLICATION)))
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 # -- batch ---------------------------------------------------------------------------------------
@@ -181,12 +215,18 @@ class FilteringBatchReader(BatchReader):
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """`spark.readStream.format("slicejournal")`: micro-batches between `StreamOffset`s."""
+    """`spark.readStream.format("slicejournal")`: micro-batches between `StreamOffset`s.
+
+    Lives on the driver for the whole query (Spark keeps one Python process for
+    it), so it keeps one planning connection open between triggers instead of
+    connecting for every offset.
+    """
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         to = options.to_timestamp
         self._target: datetime | None = None if to is None else to + ONE_MICROSECOND
+        self._planner = PlanningConnection(options)
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset(self.options).to_json()
@@ -196,31 +236,43 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        newest, _, _ = _query_one(self.options, *q.stream_bounds(self.options, EPOCH, None))
+        # "Everything available now": up to the horizon as it stands, waiting for every
+        # transaction the live query would wait for.
+        origin = StreamOffset(EPOCH)
+        bound = batch_bound(origin, self._planner.reading(), self.options)
+        newest, _ = self._planner.one(*q.stream_bounds(self.options, EPOCH, bound, None))
         target = EPOCH if newest is None else newest + ONE_MICROSECOND
         self._target = target if self._target is None else min(self._target, target)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = StreamOffset.from_json(start)
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        newest, nth, _ = _query_one(
-            self.options, *q.stream_bounds(self.options, begin.timestamp, rows)
+        # The reading comes first: every row below its bound has committed by now.
+        reading = self._planner.reading()
+        bound = batch_bound(begin, reading, self.options)
+        newest, nth = self._planner.one(
+            *q.stream_bounds(self.options, begin.timestamp, bound, rows)
         )
         end = end_timestamp(begin, newest, nth, self._target)
-        window = self._window(end)
-        return StreamOffset(end, window).to_json()
+        windows: dict[str, int] = {}
+        if reading.blind is not None or not self.options.settings.query.horizon.enabled:
+            windows = {
+                "window_at_start": self._window(begin.timestamp),
+                "window_at_end": self._window(end),
+            }
+        return next_offset(begin, reading, end, self.options, **windows).to_json()
 
     def _window(self, below: datetime) -> int:
-        count = _query_one(
-            self.options, *q.window_count(self.options, below, self.options.backtracking_window)
-        )[0]
-        return int(count)
+        statement = q.window_count(self.options, below, self.options.backtracking_window)
+        return int(self._planner.one(*statement)[0])
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        # A function of the two offsets alone: a batch re-planned after a restart reads
+        # what it read the first time.
         begin, finish = StreamOffset.from_json(start), StreamOffset.from_json(end)
-        if begin == finish:
+        if is_empty(begin, finish):
             return []
-        from_ts = reread_from(begin, self._window(begin.timestamp), self.options)
+        from_ts = batch_start(begin, finish)
         return [
             SlicePartition(ReadPlan(self.options, r, from_ts, finish.timestamp))
             for r in self.options.partition_ranges()
@@ -232,6 +284,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # the offset store, not the source, keeps a projection's progress
+
+    def stop(self) -> None:
+        self._planner.close()
 
 
 # -- the data source -------------------------------------------------------------------------------

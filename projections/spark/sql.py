@@ -64,17 +64,17 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
 
 
 def stream_bounds(
-    options: SourceOptions, start: datetime, limit: int | None
+    options: SourceOptions, start: datetime, bound: datetime, limit: int | None
 ) -> tuple[sql.Composed, dict[str, Any]]:
-    """(newest, nth, database time): the newest row at or after `start` behind the
-    clock, the `limit`-th such row (NULL without a limit), and the time of the read."""
+    """(newest, nth): the newest row at or after `start` and below `bound` (the batch
+    bound of `offsets.batch_bound`), and the `limit`-th such row (NULL without a limit)."""
     behind: list[sql.Composable] = [
         SLICE_RANGE,
         sql.SQL("db_timestamp >= %(from_ts)s"),
-        sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"),
+        sql.SQL("db_timestamp < %(bound)s"),
     ]
     params = _range_params(options, options.slice_range)
-    params |= {"from_ts": start, "behind": options.behind_current_time, "skip": (limit or 1) - 1}
+    params |= {"from_ts": start, "bound": bound, "skip": (limit or 1) - 1}
     if options.to_timestamp is not None:
         behind.append(sql.SQL("db_timestamp <= %(to_ts)s"))
         params["to_ts"] = options.to_timestamp
@@ -85,9 +85,9 @@ def stream_bounds(
         nth = sql.SQL(
             "(SELECT db_timestamp FROM {j} WHERE {w} ORDER BY db_timestamp OFFSET %(skip)s LIMIT 1)"
         ).format(j=journal, w=where)
-    statement = sql.SQL(
-        "SELECT (SELECT max(db_timestamp) FROM {j} WHERE {w}), {nth}, transaction_timestamp()"
-    ).format(j=journal, w=where, nth=nth)
+    statement = sql.SQL("SELECT (SELECT max(db_timestamp) FROM {j} WHERE {w}), {nth}").format(
+        j=journal, w=where, nth=nth
+    )
     return statement, params
 
 

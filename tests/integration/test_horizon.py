@@ -11,12 +11,8 @@ must miss some, which shows the scenario is the one that loses events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import attrs
 import psycopg
@@ -25,100 +21,17 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from journal import (
-    BacktrackingSettings,
     EventEnvelope,
     HorizonSettings,
     Journal,
-    JournalSettings,
     SliceRange,
     slice_ranges,
 )
 from projections import Projection
 from tests.support import bank
-from tests.support.pekko import PekkoEvent, pekko_insert
-from tests.support.pg import fast_query_settings
+from tests.support.long_transactions import LongWriters, horizon_settings, short_writes, stop_all
 from tests.support.projections import FAST
 from tests.support.slices import collect_until, journal_events
-
-# Backtracking re-reads 9 s: every long transaction below outlasts it.
-BACKTRACKING = BacktrackingSettings(window=6, behind_current_time=3)
-
-
-def horizon_settings(schema: str, **horizon: Any) -> JournalSettings:
-    return JournalSettings(
-        schema=schema,
-        pool_max_size=40,
-        query=fast_query_settings(
-            buffer_size=100, backtracking=BACKTRACKING, horizon=HorizonSettings(**horizon)
-        ),
-    )
-
-
-class LongWriters:
-    """Transactions open for 15-25 s, written by us and Pekko-style, some idle first."""
-
-    def __init__(self, j: Journal, pg_dsn: str) -> None:
-        self.j = j
-        self.pg_dsn = pg_dsn
-        self.pids: list[str] = []
-
-    async def _hold(
-        self,
-        name: str,
-        after: float,
-        idle: float,
-        held: float,
-        write: Callable[[Any, str], Awaitable[None]],
-    ) -> None:
-        pid = f"{bank.ENTITY}|long-{name}"
-        self.pids.append(pid)
-        await asyncio.sleep(after)
-        async with await psycopg.AsyncConnection.connect(self.pg_dsn) as conn:
-            await conn.execute("SELECT 1")  # the transaction (and its timestamp) starts here
-            await asyncio.sleep(idle)
-            await write(conn, pid)
-            await asyncio.sleep(held)
-            await conn.commit()
-
-    async def _ours(self, conn: Any, pid: str) -> None:
-        await self.j.append(pid, [{"amount": 7}, {"amount": 3}], expected_seq_nr=0, conn=conn)
-
-    async def _pekko(self, conn: Any, pid: str) -> None:
-        events = [PekkoEvent("", '{"amount": 5}'), PekkoEvent("", '{"amount": 1}')]
-        await pekko_insert(conn, self.j.settings.schema, pid, 1, events)
-
-    async def run(self) -> None:
-        await asyncio.gather(
-            # Idle past max_hold, then they write: not waited for, re-read once they end.
-            self._hold("ours-idle-15", 0, 15, 0, self._ours),
-            self._hold("pekko-idle-12-held-10", 0, 12, 10, self._pekko),
-            # Writing at once: the tail waits for them.
-            self._hold("ours-25", 16, 0, 25, self._ours),
-            self._hold("pekko-18", 18, 0, 18, self._pekko),
-        )
-
-
-async def short_writes(j: Journal, stop: asyncio.Event, seed: int) -> int:
-    rng = random.Random(seed)
-    pids = [bank.account(seed * 1000 + i) for i in range(50)]
-    seq = dict.fromkeys(pids, 0)
-    written = 0
-    while not stop.is_set():
-        pid = rng.choice(pids)
-        n = rng.randint(1, 2)
-        await j.append(pid, [{"amount": rng.randint(1, 9)}] * n, expected_seq_nr=seq[pid])
-        seq[pid] += n
-        written += n
-        await asyncio.sleep(rng.uniform(0.01, 0.05))
-    return written
-
-
-async def stop_all(tasks: list[asyncio.Task[None]]) -> None:
-    for t in tasks:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
 
 
 @pytest.mark.slow

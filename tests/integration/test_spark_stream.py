@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pathlib
 import tempfile
@@ -17,6 +18,7 @@ from journal.slices import SliceRange
 from projections import Projection, RecordingTelemetry
 from projections.spark import ProjectionBusy, project
 from tests.support import bank
+from tests.support.long_transactions import HeldTransaction, horizon_settings, short_writes
 from tests.support.spark import bank_handler, dying_handler
 
 NAME = "balances"
@@ -37,6 +39,46 @@ def _project(spark: Any, j: Journal, checkpoint: str, handler: Any, **kw: Any) -
 
 async def _stop(query: Any) -> None:
     await asyncio.to_thread(query.stop)
+
+
+async def _wait_batches(query: Any, count: int, within: float = 120) -> None:
+    """Wait until the query has completed `count` micro-batches."""
+    deadline = asyncio.get_running_loop().time() + within
+    while (query.lastProgress or {}).get("batchId", -1) < count - 1:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"fewer than {count} batches within {within} s")
+        await asyncio.sleep(0.5)
+
+
+def _latest_offset(checkpoint: str) -> dict[str, Any] | None:
+    """The newest offset Spark logged for our source (its last line is the source's)."""
+    logged = [p for p in pathlib.Path(checkpoint, "offsets").glob("*") if p.name.isdigit()]
+    if not logged:
+        return None
+    newest = max(logged, key=lambda p: int(p.name))
+    return dict(json.loads(newest.read_text().splitlines()[-1]))
+
+
+async def _wait_pending(checkpoint: str, count: int, within: float) -> None:
+    """Wait until the stream's newest offset holds `count` pending transactions."""
+    deadline = asyncio.get_running_loop().time() + within
+    while len((_latest_offset(checkpoint) or {}).get("pending") or ()) < count:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no offset with {count} pending transactions: {checkpoint}")
+        await asyncio.sleep(0.5)
+
+
+async def _wait_applied(j: Journal, pids: list[str], within: float) -> None:
+    """Wait until every event of `pids` in the journal is in the read model."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        balances, _, _ = await bank.projected(j)
+        expected = await bank.expected_balances(j)
+        if all(p in expected and balances.get(p) == expected[p] for p in pids):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not applied within {within} s: {pids}")
+        await asyncio.sleep(0.5)
 
 
 @pytest.mark.timeout(400)
@@ -170,3 +212,73 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
         await asyncio.sleep(0.2)
     assert [c.slice_range for c in t.named("started", NAME)] == ["0-1023"]
     assert {c.slice_range for c in t.named("backlog_sampled", NAME)} == {"0-511", "512-1023"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_long_transactions_past_the_window_across_restarts_exactly_once(
+    spark: Any, pg_dsn: str, schema: str
+) -> None:
+    """Transactions held open past the 9 s backtracking window, written through
+    `append(conn=)` and through Pekko's INSERT, two of them idle past `max_hold` before
+    they write (the stream reads past those: they are pending in its offsets). The
+    stream is stopped and restarted from its checkpoint while they are open, then once
+    without a checkpoint; every event is applied exactly once (primary-key table)."""
+    settings = horizon_settings(schema)
+    max_hold = settings.query.horizon.max_hold.total_seconds()  # the source's default too
+    async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+        await bank.create_read_model(j)
+        workdir = tempfile.mkdtemp(prefix="sj-spark-")
+        checkpoint = os.path.join(workdir, "ckpt")
+        stop = asyncio.Event()
+        shorts = [asyncio.create_task(short_writes(j, stop, seed)) for seed in range(2)]
+        trigger = {"processingTime": "1 second"}
+        handler = bank_handler(schema)
+        query = await asyncio.to_thread(_project, spark, j, checkpoint, handler, trigger=trigger)
+        try:
+            await _wait_batches(query, 2)
+            idle = [HeldTransaction(j, pg_dsn, f"idle-{k}", pekko=k == 1) for k in range(2)]
+            writing = [HeldTransaction(j, pg_dsn, f"writing-{k}", pekko=k == 1) for k in range(2)]
+            for held in idle:
+                await held.begin()
+            await asyncio.sleep(1)
+            for held in writing:  # written at once: the stream waits for them
+                await held.begin()
+                await held.write()
+            # Past max_hold the idle ones are read past: pending in the checkpoint.
+            await _wait_pending(checkpoint, 2, within=max_hold + 60)
+            await _stop(query)
+            query = await asyncio.to_thread(
+                _project, spark, j, checkpoint, handler, trigger=trigger
+            )
+            for held in idle:
+                await held.write()
+                await held.commit()
+            await asyncio.sleep(settings.query.backtracking.window.total_seconds() + 4)
+            for held in writing:
+                await held.commit()
+            await _wait_applied(j, [h.pid for h in idle + writing], within=90)
+            # And once without a checkpoint, over one of each kind open across the restart.
+            await _stop(query)
+            later = [HeldTransaction(j, pg_dsn, f"later-{k}", pekko=k == 1) for k in range(2)]
+            await later[0].begin()
+            await later[1].begin()
+            await later[1].write()
+            query = await asyncio.to_thread(
+                _project, spark, j, os.path.join(workdir, "fresh"), handler, trigger=trigger
+            )
+            await asyncio.sleep(max_hold + 2)
+            await later[0].write()
+            for held in later:
+                await held.commit()
+            await asyncio.sleep(2)
+        finally:
+            stop.set()
+            written = sum(await asyncio.gather(*shorts))
+        try:
+            assert written > 0
+            await bank.assert_applied_exactly_once(j, within=120)
+            balances, _, _ = await bank.projected(j)
+            assert {h.pid for h in idle + writing + later} <= set(balances)
+        finally:
+            await _stop(query)
