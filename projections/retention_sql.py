@@ -65,16 +65,15 @@ consumed AS (
   ORDER BY o.projection_name, o.persistence_id, o.timestamp_offset DESC, o.seq_nr DESC),
 unmet AS (
   SELECT DISTINCT p.pid, p.seq FROM page p JOIN checks h ON p.ts >= h.before
-  WHERE NOT EXISTS (
-    SELECT 1 FROM consumed c
-    WHERE c.name = h.name AND c.pid = p.pid AND c.seq >= p.seq AND c.ts >= p.ts)),
+  LEFT JOIN consumed c ON c.name = h.name AND c.pid = p.pid
+  WHERE c.pid IS NULL OR c.seq < p.seq OR c.ts < p.ts),
 verdict AS (
   SELECT p.pid, p.seq,
     (%(keep_last)s::bigint IS NULL OR p.seq <= f.highest - %(keep_last)s::bigint)
       AND (NOT %(keep_snapshot)s::boolean OR p.seq <= coalesce(f.snap, 0)) AS policy_ok,
-    NOT %(blocked)s::boolean AND p.ts <= %(upper)s::timestamptz
-      AND NOT EXISTS (SELECT 1 FROM unmet u WHERE u.pid = p.pid AND u.seq = p.seq) AS consumed
-  FROM page p JOIN facts f USING (pid)),
+    NOT %(blocked)s::boolean AND p.ts <= %(upper)s::timestamptz AND u.pid IS NULL AS consumed
+  FROM page p JOIN facts f USING (pid)
+  LEFT JOIN unmet u ON u.pid = p.pid AND u.seq = p.seq),
 ok AS (SELECT pid, max(seq) AS target FROM verdict WHERE policy_ok AND consumed GROUP BY pid),
 last AS (SELECT ts, seq, pid FROM page ORDER BY ts DESC, seq DESC, pid DESC LIMIT 1)"""
 
@@ -225,10 +224,18 @@ class RetentionSql:
 
     def lock(self, *, exclusive: bool) -> Statement:
         """The registry's advisory lock, for the transaction: a batch shares it, a
-        registration takes it alone."""
+        registration takes it alone.
+
+        A batch also commits asynchronously (`synchronous_commit` off, for its own
+        transaction only): it only deletes what every projection has consumed, so a
+        batch lost in a crash just leaves those events for the next run, and any later
+        synchronous commit (an append) flushes it anyway; without it, each batch waits
+        for its own WAL flush, which was most of a batch's time on a plain disk."""
         kind = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-        query = sql.SQL("SELECT {}(%s::int, hashtext(%s))").format(sql.Identifier(kind))
-        return Statement(query, (_LOCK_CLASS, self._lock_name))
+        query = sql.SQL(
+            "SELECT {}(%s::int, hashtext(%s)), set_config('synchronous_commit', %s, true)"
+        ).format(sql.Identifier(kind))
+        return Statement(query, (_LOCK_CLASS, self._lock_name, "on" if exclusive else "off"))
 
     def candidate_slices(self, policy: RetentionPolicy, now: datetime) -> Statement:
         """The slices holding an event of the entity type that the time rule lets go."""
