@@ -1,6 +1,6 @@
 """slicejournal on Apache Spark (PySpark): the journal as a data source, projections exactly once.
 
-    spark = local_session()                      # or your own session, then register(spark)
+    spark = spark_session()  # local[2], or MASTER / SPARK_REMOTE; or yours, then register(spark)
     df = spark.read.format("slicejournal").option("dsn", dsn).option("entityType", "Account").load()
     query = project(spark, dsn=dsn, name="balances", entity_type="Account",
                     handler=apply_batch, checkpoint_location="/tmp/ckpt")
@@ -25,7 +25,7 @@ from projections.spark.options import SourceOptionError
 if TYPE_CHECKING:
     from projections.spark.driver import RebuildResult, project, rebuild, store_start
     from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
-    from projections.spark.session import local_session, register
+    from projections.spark.session import is_spark_session, local_session, register, spark_session
     from projections.spark.sink import SparkHandler
 
 __getattr__, __dir__ = lazy_attributes(
@@ -35,7 +35,10 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(
             ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
         ),
-        **dict.fromkeys(("local_session", "register"), "projections.spark.session"),
+        **dict.fromkeys(
+            ("is_spark_session", "local_session", "register", "spark_session"),
+            "projections.spark.session",
+        ),
         "SparkHandler": "projections.spark.sink",
     },
 )
@@ -46,9 +49,11 @@ __all__ = [
     "RebuildResult",
     "SourceOptionError",
     "SparkHandler",
+    "is_spark_session",
     "local_session",
     "project",
     "rebuild",
     "register",
+    "spark_session",
     "store_start",
 ]

@@ -41,7 +41,7 @@ from projections.spark.leases import (
     spark_owner,
 )
 from projections.spark.options import DEFAULT_PARTITIONS, backtracking_window, parse_options
-from projections.spark.session import register
+from projections.spark.session import is_spark_session, register
 from projections.spark.sink import PartitionApplier, SparkHandler
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
@@ -70,8 +70,9 @@ def _check_common(
         raise InvalidArgument(f"num_partitions must be an int, got {num_partitions!r}")
     if num_partitions < 1:
         raise InvalidArgument(f"num_partitions must be >= 1, got {num_partitions}")
-    if not isinstance(spark, SparkSession):
-        raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
+    if not is_spark_session(spark):
+        kind = f"{type(spark).__module__}.{type(spark).__qualname__}"
+        raise InvalidArgument(f"spark must be a SparkSession (classic or Connect), got {kind}")
 
 
 def _source_options(
@@ -127,9 +128,11 @@ def _applier(
 def _writer_format(spark: SparkSession, applier: PartitionApplier) -> str:
     """Register the writer source of `applier` with the session; its format name."""
     # Spark resolves Python data sources through the JVM thread's active session,
-    # which a thread other than the one that built the session does not have.
-    jvm: Any = spark._jvm
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    # which a thread other than the one that built the session does not have. (A
+    # Spark Connect session has no JVM here: its server resolves them per session.)
+    jvm: Any = getattr(spark, "_jvm", None)
+    if jvm is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     source = writer_source_for(applier)
     spark.dataSource.register(source)
     return source.short_name

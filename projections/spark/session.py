@@ -21,11 +21,53 @@ from projections.spark.source import FilteringJournalDataSource, JournalDataSour
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
+def is_spark_session(spark: object) -> bool:
+    """Whether `spark` is a session: a classic one, or a Spark Connect client's (another
+    class, importable only with the `connect` extra's dependencies)."""
+    if isinstance(spark, SparkSession):
+        return True
+    kind = type(spark)
+    return kind.__name__ == "SparkSession" and kind.__module__ == "pyspark.sql.connect.session"
+
+
 def register(spark: SparkSession) -> None:
     """Register the `slicejournal` data source with `spark` (again after changing
     `spark.sql.python.filterPushdown.enabled`)."""
     pushdown = (spark.conf.get(PUSHDOWN_CONF, "false") or "false").lower() == "true"
     spark.dataSource.register(FilteringJournalDataSource if pushdown else JournalDataSource)
+
+
+def spark_session(
+    app_name: str = "slicejournal", *, cores: int = 2, config: Mapping[str, str] | None = None
+) -> SparkSession:
+    """The session a program gets without choosing one, with the data source registered.
+
+    Where it runs is the environment's choice, as with `spark-submit`: Spark
+    Connect when `SPARK_REMOTE` is set (`sc://host:15002`; the server's own
+    Python must have this package), the cluster at `MASTER` when that is set
+    (`spark://host:7077`; the executors' Python must have it: install the wheel
+    there or ship it with `spark.submit.pyFiles`), else `local_session(cores=cores)`.
+    `config`: further Spark settings for a session this call creates.
+    """
+    remote = os.environ.get("SPARK_REMOTE")
+    master = os.environ.get("MASTER")
+    if not remote and not master:
+        return local_session(app_name, cores=cores, config=config)
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    if remote:
+        builder = builder.remote(remote)
+    else:
+        builder = builder.master(str(master)).config("spark.sql.session.timeZone", "UTC")
+        local_ip = os.environ.get("SPARK_LOCAL_IP")
+        if local_ip:  # the driver must listen where the executors can reach it
+            builder = builder.config("spark.driver.host", local_ip).config(
+                "spark.driver.bindAddress", local_ip
+            )
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
 
 
 def local_session(
