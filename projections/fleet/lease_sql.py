@@ -40,6 +40,12 @@ class FleetSql:
             "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name) DO UPDATE SET "
             "entity_type = excluded.entity_type, lease_ttl_ms = excluded.lease_ttl_ms"
         ).format(f=f)
+        # Spark registers a projection it runs so that `status` shows it, but leaves a
+        # fleet's own settings alone.
+        self.register_if_absent = sql.SQL(
+            "INSERT INTO {f} (projection_name, entity_type, instances, lease_ttl_ms) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (projection_name) DO NOTHING"
+        ).format(f=f)
         self.fleet = sql.SQL(
             "SELECT instances, entity_type, lease_ttl_ms, {now}, "
             + _EPOCH_SECONDS.format("updated_at")

@@ -12,6 +12,7 @@ the offset rows Spark stored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from projections.management import check_timestamp
 from projections.names import check_instance, validate_name
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings
+from projections.spark.checkpoint import query_id
 from projections.spark.leases import (
     DEFAULT_LEASE_TTL,
     DEFAULT_LEASE_WAIT,
@@ -204,7 +206,12 @@ def project(
         dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
     )
     register(spark)
-    leases = SparkLeases(dsn, settings, name, ranges, owner=spark_owner(), ttl=lease_ttl)
+    # A Connect session's checkpoints live on its server: the id is known only after start.
+    known_id = query_id(checkpoint_location) if getattr(spark, "_jvm", None) else None
+    owner = spark_owner(query_id=known_id)
+    leases = SparkLeases(
+        dsn, settings, name, ranges, owner=owner, ttl=lease_ttl, entity_type=entity_type
+    )
     applier = attrs.evolve(applier, fences=leases.acquire(lease_wait))
 
     try:
@@ -221,6 +228,10 @@ def project(
         leases.release()
         raise
     leases.keep_alive(lambda: query.isActive, query.stop)
+    with contextlib.suppress(Exception):  # only what `status` shows; the query runs anyway
+        leases.report_running()
+    if str(query.id) != known_id:
+        _log.info("spark owner %s runs projection %s as query %s", owner, name, query.id)
     tel = telemetry_for_runner(telemetry)
     if tel is not NO_TELEMETRY:
         SparkQueryTelemetry(
@@ -228,6 +239,7 @@ def project(
             slice_range=slice_range, ranges=tuple(ranges),
             backlog_interval=(projection_settings or ProjectionSettings())
             .backlog_sample_interval.total_seconds(),
+            holder=owner, epochs=tuple(f.epoch for f in applier.fences),
         ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query

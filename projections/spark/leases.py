@@ -48,8 +48,12 @@ class ProjectionBusy(JournalError):
     """Another runner (fleet workers, another Spark job) holds slices of the projection."""
 
 
-def spark_owner(kind: str = "spark") -> str:
-    """A new owner id per run: two queries of one driver are two owners."""
+def spark_owner(kind: str = "spark", query_id: str | None = None) -> str:
+    """The owner id of a run: `spark:<query id>` when the streaming query's id is known
+    before it starts (`checkpoint.query_id`), else a new id per run (two queries of one
+    driver are two owners)."""
+    if query_id is not None:
+        return f"{kind}:{query_id}"
     return f"{kind}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -65,8 +69,12 @@ class SparkLeases:
         *,
         owner: str,
         ttl: timedelta = DEFAULT_LEASE_TTL,
+        entity_type: str | None = None,
     ) -> None:
+        """`entity_type`: register the projection for `status` if no fleet has (a
+        rebuild, which is not a running projection, passes none)."""
         self.dsn = dsn
+        self.entity_type = entity_type
         self.settings = settings
         self.name = name
         self.ranges = tuple(ranges)
@@ -96,6 +104,9 @@ class SparkLeases:
         s = self._sql
         fences = []
         with self._connect() as conn, conn.transaction():
+            if self.entity_type is not None:
+                register = (self.name, self.entity_type, len(self.ranges), self.ttl_ms)
+                conn.execute(s.register_if_absent, register)
             lock_claims(conn, s, self.name)
             for r in self.ranges:
                 epoch, blockers = claim_range(conn, s, self.name, r, self.owner, self.ttl_ms)
@@ -116,6 +127,12 @@ class SparkLeases:
     def _extra(self, event: str, **more: object) -> dict[str, object]:
         """A lease log line's structured fields (`extra=`)."""
         return {"projection": self.name, "worker": self.owner, "event": event, **more}
+
+    def report_running(self, running: bool = True) -> None:
+        """Show the ranges as running (or not) in `status`, like a fleet instance does."""
+        with self._connect() as conn, conn.transaction():
+            for f in self.fences:
+                conn.execute(self._sql.report, (running, 0, None, self.name, self.owner, f.epoch))
 
     def renew(self) -> bool:
         """Extend every lease; False if any was lost (taken over after expiring)."""

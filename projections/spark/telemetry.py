@@ -60,8 +60,15 @@ class SparkQueryTelemetry:
         slice_range: SliceRange,
         ranges: tuple[SliceRange, ...],
         backlog_interval: float,
+        holder: str | None = None,
+        epochs: tuple[int, ...] = (),
     ) -> None:
+        """`holder`: the lease owner (`spark:<query id>`), reported with the `epochs` of
+        the `ranges`' leases as claimed when watching starts and released when it ends."""
         self.name = name
+        self._telemetry = telemetry
+        self._holder = holder
+        self._epochs = epochs
         self.entity_type = entity_type
         self.instance: InstanceTelemetry = telemetry.instance(name, slice_range.key, "spark")
         self.ranges = {r: telemetry.instance(name, r.key, "spark") for r in ranges}
@@ -74,6 +81,9 @@ class SparkQueryTelemetry:
     def watch(self, query: Any) -> None:
         """Follow `query` from a daemon thread until it ends."""
         self.instance.started()
+        if self._holder is not None:
+            for r, epoch in zip(self.ranges, self._epochs, strict=False):
+                self._telemetry.lease_claimed(self.name, r.key, self._holder, epoch)
         self._thread = threading.Thread(
             target=self._follow, args=(query,), name=f"slicejournal telemetry {self.name}"
         )
@@ -107,6 +117,9 @@ class SparkQueryTelemetry:
         except Exception as e:  # telemetry must never take the query down
             _log.warning("telemetry of spark projection %s stopped: %s", self.name, e)
         finally:
+            if self._holder is not None:
+                for r in list(self.ranges)[: len(self._epochs)]:
+                    self._telemetry.lease_released(self.name, r.key, self._holder)
             self.instance.stopped(error)
 
     def _report_progress(self, progress: Any, last_batch: int) -> int:

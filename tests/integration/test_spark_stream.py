@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from journal import Journal
 from journal.slices import SliceRange
-from projections import Projection, RecordingTelemetry
+from projections import FleetControl, Projection, RecordingTelemetry
 from projections.spark import ProjectionBusy, project
 from tests.support import bank
 from tests.support.long_transactions import HeldTransaction, horizon_settings, short_writes
@@ -195,6 +197,7 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
         _project, spark, journal, checkpoint, bank_handler(journal.settings.schema),
         trigger={"processingTime": "1 second"}, telemetry=t, num_partitions=2,
     )  # fmt: skip
+    holder = f"spark:{query.id}"
     try:
         await bank.wait_until_projected(journal)
         loop = asyncio.get_running_loop()
@@ -204,6 +207,23 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
         ):
             assert loop.time() < deadline, t.calls
             await asyncio.sleep(0.5)
+        # One picture whatever runs it: `status` shows the ranges held by the query.
+        status = await FleetControl(journal).status(NAME)
+        assert status.entity_type == bank.ENTITY
+        assert [(str(r.slice_range), r.owner, r.running) for r in status.ranges] == [
+            ("0-511", holder, True),
+            ("512-1023", holder, True),
+        ]
+        assert all(r.progress is not None for r in status.ranges)
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "slicejournal", "status", NAME, "--json",
+             "--dsn", journal.dsn, "--schema", journal.settings.schema],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        document = json.loads(shown.stdout)
+        assert {r["owner"] for r in document["ranges"]} == {holder}
     finally:
         await _stop(query)
     deadline = asyncio.get_running_loop().time() + 30
@@ -212,6 +232,11 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
         await asyncio.sleep(0.2)
     assert [c.slice_range for c in t.named("started", NAME)] == ["0-1023"]
     assert {c.slice_range for c in t.named("backlog_sampled", NAME)} == {"0-511", "512-1023"}
+    claimed = [(c.slice_range, c.args[0]) for c in t.named("lease_claimed", NAME)]
+    assert claimed == [("0-511", holder), ("512-1023", holder)]
+    assert {c.args[0] for c in t.named("lease_released", NAME)} == {holder}
+    status = await FleetControl(journal).status(NAME)
+    assert all(r.owner is None and not r.running for r in status.ranges)
 
 
 @pytest.mark.slow
