@@ -9,6 +9,7 @@ as the SQL in `journal/query/sql.py`; the PostgreSQL tests in
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,6 +38,7 @@ from journal.settings import BacktrackingSettings, HorizonSettings
 BASE = EPOCH + timedelta(days=20000)
 
 
+@functools.cache  # the model asks for the same few instants millions of times
 def at(seconds: float) -> datetime:
     return BASE + timedelta(seconds=seconds)
 
@@ -82,6 +84,7 @@ class Model:
 
     def rows(self, q: RowsQuery, now: float) -> list[Ev]:
         out = []
+        behind = None if q.behind_current_time is None else at(now) - q.behind_current_time
         for e in self.visible(now):
             ts = at(e.ts)
             if ts < q.from_timestamp:
@@ -92,7 +95,7 @@ class Model:
                 continue
             if q.until_exclusive is not None and ts >= q.until_exclusive:
                 continue
-            if q.behind_current_time is not None and ts >= at(now) - q.behind_current_time:
+            if behind is not None and ts >= behind:
                 continue
             if q.horizon is not None and ts >= q.horizon:
                 continue
