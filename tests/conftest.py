@@ -26,6 +26,13 @@ from slicejournal.embedded import EmbeddedPostgres
 from tests.support import ROOT
 from tests.support.pg import drop_test_schema, fast_query_settings, fresh_schema_name
 from tests.support.projections import bank_journal
+from tests.support.spark_cluster import (
+    EXECUTOR_REQUIREMENTS,
+    ConnectServer,
+    SparkCluster,
+    java_missing,
+)
+from tests.support.wheel import build_wheel, make_venv
 
 # A fixture every test may request (defined beside the projection helpers).
 __all__ = ["bank_journal"]
@@ -100,3 +107,33 @@ def spark() -> Iterator[Any]:
     session = local_session("slicejournal-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A standalone master and 2 workers (tests/support/spark_cluster.py) whose executors
+    run a Python of their own with the installed wheel, not this tree."""
+    reason = java_missing()
+    if reason:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("spark-cluster")
+    venv = base / "executor-venv"
+    cluster = SparkCluster(base, venv / "bin" / "python")
+    try:
+        cluster.start()  # the JVMs start while the venv is made (workers need it only later)
+        make_venv(venv, str(build_wheel(base / "dist")), *EXECUTOR_REQUIREMENTS)
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_connect(spark_cluster: SparkCluster) -> Iterator[ConnectServer]:
+    """A Spark Connect server whose driver runs on `spark_cluster`."""
+    server = ConnectServer(spark_cluster)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

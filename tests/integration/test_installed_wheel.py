@@ -11,7 +11,6 @@ user's program type-checks against the installed package (`py.typed`).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from journal.schema import components
 from tests.support import ROOT
 from tests.support.pg import drop_test_schema, fresh_schema_name
 from tests.support.readme import readme_examples
+from tests.support.wheel import build_wheel, clean_env, make_venv, run
 
 COMMANDS = (
     "init",
@@ -87,32 +87,14 @@ except ConnectionFailed as error:
 """
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 240):
-    result = subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, f"{cmd}: {result.stdout}\n{result.stderr}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """(the venv's bin directory, a working directory outside the repo)."""
     base = tmp_path_factory.mktemp("installed")
-    dist = base / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], base)
-    (wheel,) = dist.glob("slicejournal-*.whl")
-    run([sys.executable, "-m", "venv", str(base / "venv")], base)
-    bin_dir = base / "venv" / "bin"
-    run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)], base)
+    bin_dir = make_venv(base / "venv", str(build_wheel(base / "dist")))
     work = base / "work"
     work.mkdir()
     yield bin_dir, work
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICEJOURNAL", "PYTHON"))}
-    return {**env, **extra}
 
 
 @pytest.mark.timeout(600)

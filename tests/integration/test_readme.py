@@ -10,39 +10,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import conninfo, sql
 
-from tests.support.readme import readme_examples
+from tests.support.readme import example_database, readme_examples
 
 
 @pytest.fixture(scope="module")
 def example_dsn(pg_dsn: str) -> Iterator[str]:
     """A database of its own, created and dropped by this module."""
-    name = f"readme_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(pg_dsn, dbname=name)
-    try:
-        init = subprocess.run(
-            [sys.executable, "-m", "slicejournal.cli", "init", "--dsn", dsn],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert init.returncode == 0, init.stderr
+    with example_database(pg_dsn) as dsn:
         yield dsn
-    finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def test_the_readme_has_examples() -> None:

@@ -10,6 +10,11 @@
 - `spark`: the bank handlers Spark executors import.
 - `pekko`: rows written the way Pekko's R2DBC journal writes them.
 - `projection_worker`: a projection in a process of its own (SIGKILL test).
+- `readme`: the README's examples, and a database of their own to run them in.
+- `wheel`: the project's wheel built and installed in a virtualenv of its own.
+- `spark_cluster`: a Spark standalone cluster and a Spark Connect server started
+  from PySpark's scripts; `spark_cluster_job.py` is the driver program the
+  cluster tests run on them (a script, never imported).
 """
 
 from pathlib import Path

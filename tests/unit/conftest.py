@@ -47,3 +47,13 @@ def bank_journal(request: pytest.FixtureRequest) -> NoReturn:
 @pytest.fixture
 def spark(request: pytest.FixtureRequest) -> NoReturn:
     _refuse(request)
+
+
+@pytest.fixture
+def spark_cluster(request: pytest.FixtureRequest) -> NoReturn:
+    _refuse(request)
+
+
+@pytest.fixture
+def spark_connect(request: pytest.FixtureRequest) -> NoReturn:
+    _refuse(request)
