@@ -1,7 +1,7 @@
 """The journal's rows as Spark sees them: one schema, both directions.
 
-Partition readers get the journal's select list as Arrow record batches
-(decoded in C by `arrow_read.py`) and reshape them here with Arrow compute,
+Partition readers get their rows (`sql.PARTITION_COLUMNS`) as Arrow record
+batches (decoded in C by `arrow_read.py`) and reshape them here with Arrow compute,
 column by column, so no row becomes a Python object on the way into Spark; the
 projection sink turns those batches back into `EventEnvelope`s for the user's
 handler. Keeping both here keeps the column list, its Spark DDL and its Arrow
@@ -58,17 +58,16 @@ def _text_or_bytes(ser_ids: pa.Array, payloads: pa.Array) -> tuple[pa.Array, pa.
     return text, pc.if_else(is_json, _NO_BYTES, payloads)
 
 
-def spark_batch(rows: pa.RecordBatch) -> pa.RecordBatch:
-    """Journal rows (the `envelope_columns` select list, by column name) as a batch of
-    `ARROW_SCHEMA`: payloads split by serializer, NULL tags as an empty list."""
+def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
+    """A partition's rows (`sql.PARTITION_COLUMNS`, by column name) of `entity_type` as a
+    batch of `ARROW_SCHEMA`: payloads split by serializer, NULL tags as an empty list."""
     column = rows.column
     event, event_bytes = _text_or_bytes(column("event_ser_id"), column(PAYLOAD_COLUMN))
-    metadata, _ = _text_or_bytes(column("meta_ser_id"), column("meta_payload"))
     # The driver's list type names its item field with the server's type: cast it away.
     tags = pc.if_else(pc.is_null(column("tags")), _NO_TAGS, column("tags").cast(_TAGS))
     columns = [
         column("persistence_id"),
-        column("entity_type"),
+        pa.repeat(pa.scalar(entity_type, pa.string()), rows.num_rows),
         column("slice"),
         column("seq_nr"),
         column("db_timestamp"),
@@ -78,7 +77,7 @@ def spark_batch(rows: pa.RecordBatch) -> pa.RecordBatch:
         column("event_ser_manifest"),
         tags,
         column("writer"),
-        metadata,
+        column("meta_json").cast(pa.string()),  # raises on bad UTF-8
     ]
     return pa.RecordBatch.from_arrays(
         [c.cast(f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA

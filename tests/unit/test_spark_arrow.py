@@ -1,5 +1,6 @@
-"""`arrow.spark_batch`: the journal's select list, as the ADBC driver decodes it, reshaped
-into the source's Arrow schema column by column (pure: a hand-built batch, no server)."""
+"""`arrow.spark_batch`: a partition's columns (`sql.PARTITION_COLUMNS`), as the ADBC driver
+decodes them, reshaped into the source's Arrow schema column by column (pure: a
+hand-built batch, no server)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from journal.rows import COLUMNS, PAYLOAD_COLUMN
+from journal.rows import PAYLOAD_COLUMN
 from journal.serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID
 from projections.spark.arrow import ARROW_SCHEMA, spark_batch
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-# The driver names a text[]'s item field and tags every field with the server's type.
+# The driver names a text[]'s item field and tags every field with the server's type;
+# `meta_json` is the metadata's payload when it is JSON (the statement's CASE).
 _PG = {"POSTGRESQL:type": "varchar"}
 _TEXT_ARRAY = pa.list_(pa.field("item", pa.string(), metadata={"POSTGRESQL:type": "text"}))
 SELECT_LIST = pa.schema(
     [
         pa.field("persistence_id", pa.string(), metadata=_PG),
-        pa.field("entity_type", pa.string(), metadata=_PG),
         pa.field("slice", pa.int32()),
         pa.field("seq_nr", pa.int64()),
         pa.field("db_timestamp", pa.timestamp("us", tz="UTC")),
@@ -28,9 +29,7 @@ SELECT_LIST = pa.schema(
         pa.field("tags", _TEXT_ARRAY),
         pa.field("event_ser_id", pa.int32()),
         pa.field("event_ser_manifest", pa.string(), metadata=_PG),
-        pa.field("meta_ser_id", pa.int32()),
-        pa.field("meta_ser_manifest", pa.string(), metadata=_PG),
-        pa.field("meta_payload", pa.binary()),
+        pa.field("meta_json", pa.binary()),
         pa.field(PAYLOAD_COLUMN, pa.binary()),
     ]
 )
@@ -38,17 +37,12 @@ SELECT_LIST = pa.schema(
 
 def _rows(*rows: dict[str, object]) -> pa.RecordBatch:
     defaults: dict[str, object] = {
-        "persistence_id": "A|1", "entity_type": "A", "slice": 7, "seq_nr": 1,
-        "db_timestamp": T0, "writer": "w", "tags": None, "event_ser_id": JSON_SERIALIZER_ID,
-        "event_ser_manifest": "", "meta_ser_id": None, "meta_ser_manifest": None,
-        "meta_payload": None, PAYLOAD_COLUMN: b"{}",
+        "persistence_id": "A|1", "slice": 7, "seq_nr": 1, "db_timestamp": T0, "writer": "w",
+        "tags": None, "event_ser_id": JSON_SERIALIZER_ID, "event_ser_manifest": "",
+        "meta_json": None, PAYLOAD_COLUMN: b"{}",
     }  # fmt: skip
     full = [defaults | row for row in rows]
     return pa.RecordBatch.from_pylist(full, schema=SELECT_LIST)
-
-
-def test_the_select_list_is_the_journals_own() -> None:
-    assert [*COLUMNS, PAYLOAD_COLUMN] == SELECT_LIST.names
 
 
 def test_payloads_split_by_serializer_and_the_rest_passes_through() -> None:
@@ -56,13 +50,13 @@ def test_payloads_split_by_serializer_and_the_rest_passes_through() -> None:
     batch = spark_batch(
         _rows(
             {"seq_nr": 1, PAYLOAD_COLUMN: payload, "tags": ["t1", "t2"],
-             "meta_ser_id": JSON_SERIALIZER_ID, "meta_payload": b'{"m": 1}'},
+             "meta_json": b'{"m": 1}'},
             {"seq_nr": 2, "event_ser_id": BYTES_SERIALIZER_ID, PAYLOAD_COLUMN: b"\xff\x00raw",
-             "event_ser_manifest": "bin", "meta_ser_id": BYTES_SERIALIZER_ID,
-             "meta_payload": b"\xfe"},
+             "event_ser_manifest": "bin"},
             {"seq_nr": 3, "event_ser_id": None, PAYLOAD_COLUMN: b"\x01", "writer": None},
             {"seq_nr": 4, PAYLOAD_COLUMN: None, "tags": []},
-        )
+        ),
+        "A",
     )  # fmt: skip
     assert batch.schema.equals(ARROW_SCHEMA)
     rows = batch.to_pylist()
@@ -73,16 +67,19 @@ def test_payloads_split_by_serializer_and_the_rest_passes_through() -> None:
     assert [r["tags"] for r in rows] == [["t1", "t2"], [], [], []]
     assert [r["metadata"] for r in rows] == ['{"m": 1}', None, None, None]
     assert [r["writer"] for r in rows] == ["w", "w", None, "w"]
+    assert [r["entity_type"] for r in rows] == ["A"] * 4
     first = rows[0]
     assert (first["persistence_id"], first["entity_type"], first["slice"]) == ("A|1", "A", 7)
     assert (first["seq_nr"], first["db_timestamp"]) == (1, T0)
 
 
 def test_an_empty_batch_keeps_the_schema() -> None:
-    batch = spark_batch(pa.RecordBatch.from_pylist([], schema=SELECT_LIST))
+    batch = spark_batch(pa.RecordBatch.from_pylist([], schema=SELECT_LIST), "A")
     assert batch.num_rows == 0 and batch.schema.equals(ARROW_SCHEMA)
 
 
 def test_a_json_payload_that_is_not_utf8_is_refused() -> None:
     with pytest.raises(pa.ArrowInvalid, match="Invalid UTF8"):
-        spark_batch(_rows({PAYLOAD_COLUMN: b"\xff\xfe"}))
+        spark_batch(_rows({PAYLOAD_COLUMN: b"\xff\xfe"}), "A")
+    with pytest.raises(pa.ArrowInvalid, match="Invalid UTF8"):
+        spark_batch(_rows({"meta_json": b"\xff\xfe"}), "A")
