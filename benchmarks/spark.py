@@ -145,6 +145,9 @@ async def run_all(
             .option("entityType", ENTITY).option("numPartitions", str(parts)).load()
         )  # fmt: skip
 
+    if args.only == "latency":
+        await latency(args, dsn, journal, spark, project)
+        return
     print(f"\n== (a) batch read of {events:,} events, {parts} partitions (best of 2)")
     ours_s = min([await asyncio.to_thread(timed_read, ours) for _ in range(2)])
     rows = [["slicejournal source", f"{events / ours_s:,.0f}", "-"]]
@@ -197,6 +200,15 @@ async def run_all(
         ],
     )  # fmt: skip
 
+    await latency(args, dsn, journal, spark, project)
+
+
+async def latency(
+    args: argparse.Namespace, dsn: str, journal: Journal, spark: Any, project: Any
+) -> None:
+    """(c): append -> applied, and where a micro-batch spends its time (Spark's own
+    per-trigger durations from `recentProgress`)."""
+    schema = journal.settings.schema
     print(f"\n== (c) per-batch latency at {args.rate:g} events/s for {args.live_seconds:g} s")
     live_table = f"{schema}.live"
     await create_target(dsn, live_table)
@@ -227,11 +239,29 @@ async def run_all(
                 ).format(sql.Identifier(schema, "live"))
             )
             row = await cur.fetchone()
+        progress = [dict(p) for p in query.recentProgress]
     finally:
         await asyncio.to_thread(query.stop)
     assert row is not None
     p50, p99 = row[0] or (0.0, 0.0)
     print(f"append -> applied on Spark: p50 {p50:.0f} ms, p99 {p99:.0f} ms ({row[1]} of {n})")
+    print_table(["micro-batch phase (ms)", "p50", "p99", "batches"], phases(progress))
+
+
+def phases(progress: list[Any]) -> list[list[str]]:
+    """p50 / p99 of each phase Spark times per trigger, over the batches that had rows."""
+    durations: dict[str, list[float]] = {}
+    for p in progress:
+        if not p or not p.get("numInputRows"):
+            continue
+        for phase, ms in (p.get("durationMs") or {}).items():
+            durations.setdefault(phase, []).append(float(ms))
+    rows = []
+    for phase, values in sorted(durations.items(), key=lambda kv: -max(kv[1])):
+        values.sort()
+        pick = [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.99)]
+        rows.append([phase, f"{pick[0]:.0f}", f"{pick[1]:.0f}", str(len(values))])
+    return rows
 
 
 async def in_process(journal: Journal, table: str, events: int) -> float:
@@ -272,7 +302,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--live-seconds", type=float, default=20.0)
     parser.add_argument(
-        "--only", choices=("all", "batch"), default="all", help="batch: run (a) only"
+        "--only",
+        choices=("all", "batch", "latency"),
+        default="all",
+        help="batch: run (a) only; latency: run (c) only",
     )
     args = parser.parse_args(argv)
     return args, args
