@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from projections.spark.redaction import redact_dsn_passwords
 from projections.spark.source import FilteringJournalDataSource, JournalDataSource
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -32,7 +33,9 @@ def is_spark_session(spark: object) -> bool:
 
 def register(spark: SparkSession) -> None:
     """Register the `slicejournal` data source with `spark` (again after changing
-    `spark.sql.python.filterPushdown.enabled`)."""
+    `spark.sql.python.filterPushdown.enabled`), and have the session redact DSN
+    passwords in the text it shows (`redaction.py`)."""
+    redact_dsn_passwords(spark)
     pushdown = (spark.conf.get(PUSHDOWN_CONF, "false") or "false").lower() == "true"
     spark.dataSource.register(FilteringJournalDataSource if pushdown else JournalDataSource)
 

@@ -1,5 +1,5 @@
-"""The test database: schema names, dropping a schema, fast query settings, and reading
-rows directly on a fresh autocommit connection.
+"""The test database: schema names, dropping a schema, fast query settings, reading
+rows directly on a fresh autocommit connection, and DSNs that carry a password.
 
 Tests check what the library stored by asking PostgreSQL themselves, never
 through the journal's own pools or read API.
@@ -10,9 +10,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import psycopg
-from psycopg import sql
+from psycopg import conninfo, sql
 
 from journal import QuerySettings
 
@@ -21,6 +22,20 @@ Row = tuple[Any, ...]
 
 def fresh_schema_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
+
+
+def with_password(dsn: str) -> tuple[str, str, str]:
+    """(the password, a URI DSN and a key=value DSN with it): the DSN's own password, or
+    an invented one (a server that trusts the socket ignores it)."""
+    params = conninfo.conninfo_to_dict(dsn)
+    password = str(params.get("password") or f"pw-{uuid.uuid4().hex}")
+    params["password"] = password
+    key_value = conninfo.make_conninfo("", **params)
+    user, db = quote(str(params.get("user", ""))), quote(str(params.get("dbname", "")))
+    rest = urlencode(
+        {k: v for k, v in params.items() if k not in ("user", "password", "dbname")}, safe="/"
+    )
+    return password, f"postgresql://{user}:{quote(password)}@/{db}?{rest}", key_value
 
 
 def drop_test_schema(dsn: str, name: str) -> None:
