@@ -148,9 +148,15 @@ class SparkCluster:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.master: Daemon | None = None
         self.workers: list[Daemon | None] = [None] * workers
-        for d in (self.conf_dir, self.log_dir):
+        events = base / "events"
+        for d in (self.conf_dir, self.log_dir, events):
             d.mkdir(parents=True, exist_ok=True)
-        defaults = "".join(f"{k} {v}\n" for k, v in SPARK_DEFAULTS.items())
+        event_log = {  # uncompressed, so a test can read it
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false",
+        }
+        defaults = "".join(f"{k} {v}\n" for k, v in (SPARK_DEFAULTS | event_log).items())
         (self.conf_dir / "spark-defaults.conf").write_text(defaults)
 
     # -- environment ---------------------------------------------------------------------------
