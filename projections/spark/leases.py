@@ -158,12 +158,20 @@ class SparkLeases:
         could not be renewed calls `on_lost` (the query is stopped: its fenced
         transactions would fail anyway)."""
 
+        def still_active() -> bool:
+            try:
+                return active()
+            except Exception as error:  # its session is gone (a Connect client stopped it)
+                _log.debug("spark projection %s: query state unknown, ending: %s", self.name,
+                           error)  # fmt: skip
+                return False
+
         def loop() -> None:
             interval = self.ttl_ms / 3000
             due = time.monotonic() + interval
             try:
                 # Checked often, so a finished query hands its slices back at once.
-                while not self._stop.wait(min(0.25, interval)) and active():
+                while not self._stop.wait(min(0.25, interval)) and still_active():
                     if time.monotonic() < due:
                         continue
                     due = time.monotonic() + interval
