@@ -29,7 +29,8 @@ def test_the_readme_has_examples() -> None:
     assert len(readme_examples()) >= 3
 
 
-@pytest.mark.timeout(150)
+# Two runs of at most 120 s each (the Spark example starts a JVM twice on 2 cores).
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", range(len(readme_examples())))
 def test_readme_example_runs_as_written_twice(index: int, example_dsn: str, tmp_path: Path) -> None:
     source = readme_examples()[index]
@@ -41,7 +42,7 @@ def test_readme_example_runs_as_written_twice(index: int, example_dsn: str, tmp_
             [sys.executable, str(script)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             cwd=tmp_path,
             env=env,
             check=False,
