@@ -72,6 +72,7 @@ from projections.offset_store import (
     UNKNOWN,
     OffsetState,
     Record,
+    Validation,
     Verdict,
 )
 from projections.settings import ProjectionSettings
@@ -161,6 +162,20 @@ def record_of(env: EventEnvelope) -> Record:
     return Record(env.slice, env.persistence_id, env.seq_nr, env.db_timestamp)
 
 
+def _waits_for(gap: Validation, fill: GapFill) -> int:
+    """The evidence the envelope after a filled gap is validated with.
+
+    A missing event the fill found is visible: it was handled just now, or
+    dropped on purpose (before an offset set by management, a duplicate). Only
+    one neither found nor deleted is still to wait for; if there is none, the
+    whole gap counts as settled.
+    """
+    first = max(gap.missing_from, fill.deleted_to + 1)
+    unsettled = gap.missing_to - first + 1
+    found = sum(1 for e in fill.events if first <= e.seq_nr <= gap.missing_to)
+    return gap.missing_to if unsettled <= found else fill.deleted_to
+
+
 def admit(
     state: OffsetState,
     env: EventEnvelope,
@@ -216,7 +231,7 @@ def admit(
             extra={**(fields or {}), "event": "gap_filled", "persistence_id": pid,
                    "seq_nr": seq_nr, "events": len(fill.events)},
         )  # fmt: skip
-        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=fill.deleted_to)
+        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=_waits_for(v, fill))
         if v.verdict is Verdict.DUPLICATE:
             stats.duplicates += 1
             return accepted
