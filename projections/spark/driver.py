@@ -43,7 +43,7 @@ from projections.spark.leases import (
     spark_owner,
 )
 from projections.spark.options import DEFAULT_PARTITIONS, backtracking_window, parse_options
-from projections.spark.session import is_spark_session, register
+from projections.spark.session import is_connect_session, is_spark_session, register
 from projections.spark.sink import PartitionApplier, SparkHandler
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
@@ -132,8 +132,8 @@ def _writer_format(spark: SparkSession, applier: PartitionApplier) -> str:
     # Spark resolves Python data sources through the JVM thread's active session,
     # which a thread other than the one that built the session does not have. (A
     # Spark Connect session has no JVM here: its server resolves them per session.)
-    jvm: Any = getattr(spark, "_jvm", None)
-    if jvm is not None:
+    if not is_connect_session(spark):
+        jvm: Any = spark._jvm
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     source = writer_source_for(applier)
     spark.dataSource.register(source)
@@ -207,7 +207,7 @@ def project(
     )
     register(spark)
     # A Connect session's checkpoints live on its server: the id is known only after start.
-    known_id = query_id(checkpoint_location) if getattr(spark, "_jvm", None) else None
+    known_id = None if is_connect_session(spark) else query_id(checkpoint_location)
     owner = spark_owner(query_id=known_id)
     leases = SparkLeases(
         dsn, settings, name, ranges, owner=owner, ttl=lease_ttl, entity_type=entity_type
@@ -239,7 +239,7 @@ def project(
             slice_range=slice_range, ranges=tuple(ranges),
             backlog_interval=(projection_settings or ProjectionSettings())
             .backlog_sample_interval.total_seconds(),
-            holder=owner, epochs=tuple(f.epoch for f in applier.fences),
+            holder=owner, epochs=tuple(f.epoch for f in applier.fences), released=leases.join,
         ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from journal.settings import JournalSettings
@@ -31,6 +32,8 @@ _log = logging.getLogger("slicejournal.projections.spark")
 
 # How often the driver looks at the query's progress.
 POLL_SECONDS = 0.5
+# How long the end of the query's report waits for its leases to be given back.
+RELEASE_WAIT_SECONDS = 10.0
 
 
 def batch_of(progress: Any) -> tuple[int, int, float] | None:
@@ -62,13 +65,17 @@ class SparkQueryTelemetry:
         backlog_interval: float,
         holder: str | None = None,
         epochs: tuple[int, ...] = (),
+        released: Callable[[float], None] | None = None,
     ) -> None:
         """`holder`: the lease owner (`spark:<query id>`), reported with the `epochs` of
-        the `ranges`' leases as claimed when watching starts and released when it ends."""
+        the `ranges`' leases as claimed when watching starts and released when it ends.
+        `released(timeout)` waits until the leases are given back, so the report never
+        runs ahead of the lease table (`status` read after it shows the ranges free)."""
         self.name = name
         self._telemetry = telemetry
         self._holder = holder
         self._epochs = epochs
+        self._released = released
         self.entity_type = entity_type
         self.instance: InstanceTelemetry = telemetry.instance(name, slice_range.key, "spark")
         self.ranges = {r: telemetry.instance(name, r.key, "spark") for r in ranges}
@@ -117,6 +124,9 @@ class SparkQueryTelemetry:
         except Exception as e:  # telemetry must never take the query down
             _log.warning("telemetry of spark projection %s stopped: %s", self.name, e)
         finally:
+            if self._released is not None:
+                with contextlib.suppress(Exception):
+                    self._released(RELEASE_WAIT_SECONDS)
             if self._holder is not None:
                 for r in list(self.ranges)[: len(self._epochs)]:
                     self._telemetry.lease_released(self.name, r.key, self._holder)
