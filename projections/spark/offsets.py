@@ -102,6 +102,13 @@ def initial_offset(options: SourceOptions) -> StreamOffset:
     return StreamOffset(start)
 
 
+def is_exact(reading: Horizon, options: SourceOptions) -> bool:
+    """Whether the stream may trust `reading`: the horizon is enabled and the reading
+    saw every open transaction. Otherwise batches stay behind the clock and the
+    re-read is decided by counting rows in the window."""
+    return reading.blind is None and options.settings.query.horizon.enabled
+
+
 def batch_bound(start: StreamOffset, reading: Horizon, options: SourceOptions) -> datetime:
     """The exclusive upper bound on the rows the batch after `start` may take.
 
@@ -109,7 +116,7 @@ def batch_bound(start: StreamOffset, reading: Horizon, options: SourceOptions) -
     transaction the stream waits for (less a margin). A blind one falls back to
     staying `behindCurrentTime` behind the database clock.
     """
-    if reading.blind is not None or not options.settings.query.horizon.enabled:
+    if not is_exact(reading, options):
         return reading.db_now - options.behind_current_time
     return split(reading, start.timestamp, options.settings.query.horizon).bound
 
@@ -171,7 +178,7 @@ def next_offset(
     `end`), and are not asked for otherwise.
     """
     pending: tuple[Pending, ...] | None
-    if reading.blind is None and options.settings.query.horizon.enabled:
+    if is_exact(reading, options):
         open_now = {(t.backend, t.start) for t in reading.open}
         pending = tuple(sorted(t for t in open_now if t[1] < end))
         window = UNKNOWN_WINDOW

@@ -31,6 +31,21 @@ def is_spark_session(spark: object) -> bool:
     return kind.__name__ == "SparkSession" and kind.__module__ == "pyspark.sql.connect.session"
 
 
+def is_connect_session(spark: object) -> bool:
+    """Whether `spark` is a Spark Connect client's session: no JVM in this process, so
+    nothing here can reach Spark's internals (its server does that, per session)."""
+    return is_spark_session(spark) and getattr(spark, "_jvm", None) is None
+
+
+def _configured(
+    builder: SparkSession.Builder, config: Mapping[str, str] | None
+) -> SparkSession.Builder:
+    """`builder` with the caller's further settings applied."""
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    return builder
+
+
 def register(spark: SparkSession) -> None:
     """Register the `slicejournal` data source with `spark` (again after changing
     `spark.sql.python.filterPushdown.enabled`), and have the session redact DSN
@@ -56,9 +71,7 @@ def spark_session(
     master = os.environ.get("MASTER")
     if not remote and not master:
         return local_session(app_name, cores=cores, config=config)
-    builder = SparkSession.builder.appName(app_name)
-    for key, value in (config or {}).items():
-        builder = builder.config(key, value)
+    builder = _configured(SparkSession.builder.appName(app_name), config)
     if remote:
         builder = builder.remote(remote)
     else:
@@ -85,11 +98,9 @@ def local_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Local mode talks to itself only: over loopback, whatever the host's interfaces.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder
-    for key, value in (config or {}).items():
-        builder = builder.config(key, value)
     spark = (
-        builder.master(f"local[{cores}]")
+        _configured(SparkSession.builder, config)
+        .master(f"local[{cores}]")
         .appName(app_name)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -58,6 +58,7 @@ from projections.spark.offsets import (
     end_timestamp,
     initial_offset,
     is_empty,
+    is_exact,
     next_offset,
 )
 from projections.spark.options import SourceOptions, parse_options
@@ -255,7 +256,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         end = end_timestamp(begin, newest, nth, self._target)
         windows: dict[str, int] = {}
-        if reading.blind is not None or not self.options.settings.query.horizon.enabled:
+        if not is_exact(reading, self.options):
             windows = {
                 "window_at_start": self._window(begin.timestamp),
                 "window_at_end": self._window(end),

@@ -21,6 +21,7 @@ from projections import FleetControl, Projection, RecordingTelemetry
 from projections.spark import ProjectionBusy, project
 from tests.support import bank
 from tests.support.long_transactions import HeldTransaction, horizon_settings, short_writes
+from tests.support.projections import eventually
 from tests.support.spark import bank_handler, dying_handler
 
 NAME = "balances"
@@ -45,11 +46,10 @@ async def _stop(query: Any) -> None:
 
 async def _wait_batches(query: Any, count: int, within: float = 120) -> None:
     """Wait until the query has completed `count` micro-batches."""
-    deadline = asyncio.get_running_loop().time() + within
-    while (query.lastProgress or {}).get("batchId", -1) < count - 1:
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"fewer than {count} batches within {within} s")
-        await asyncio.sleep(0.5)
+    await eventually(
+        lambda: (query.lastProgress or {}).get("batchId", -1) >= count - 1,
+        f"{count} batches", within, interval=0.5,
+    )  # fmt: skip
 
 
 def _latest_offset(checkpoint: str) -> dict[str, Any] | None:
@@ -63,24 +63,21 @@ def _latest_offset(checkpoint: str) -> dict[str, Any] | None:
 
 async def _wait_pending(checkpoint: str, count: int, within: float) -> None:
     """Wait until the stream's newest offset holds `count` pending transactions."""
-    deadline = asyncio.get_running_loop().time() + within
-    while len((_latest_offset(checkpoint) or {}).get("pending") or ()) < count:
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"no offset with {count} pending transactions: {checkpoint}")
-        await asyncio.sleep(0.5)
+    await eventually(
+        lambda: len((_latest_offset(checkpoint) or {}).get("pending") or ()) >= count,
+        f"an offset with {count} pending transactions in {checkpoint}", within, interval=0.5,
+    )  # fmt: skip
 
 
 async def _wait_applied(j: Journal, pids: list[str], within: float) -> None:
     """Wait until every event of `pids` in the journal is in the read model."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
+
+    async def applied() -> bool:
         balances, _, _ = await bank.projected(j)
         expected = await bank.expected_balances(j)
-        if all(p in expected and balances.get(p) == expected[p] for p in pids):
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not applied within {within} s: {pids}")
-        await asyncio.sleep(0.5)
+        return all(p in expected and balances.get(p) == expected[p] for p in pids)
+
+    await eventually(applied, f"every event of {pids} applied", within, interval=0.5)
 
 
 @pytest.mark.timeout(400)
@@ -200,13 +197,11 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
     holder = f"spark:{query.id}"
     try:
         await bank.wait_until_projected(journal)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while sum(c.args[0] for c in t.named("batch_ended", NAME)) < 40 or not any(
-            c.args[0].size == 0 for c in t.named("backlog_sampled", NAME)
-        ):
-            assert loop.time() < deadline, t.calls
-            await asyncio.sleep(0.5)
+        await eventually(
+            lambda: sum(c.args[0] for c in t.named("batch_ended", NAME)) >= 40
+            and any(c.args[0].size == 0 for c in t.named("backlog_sampled", NAME)),
+            f"40 rows in batches and an empty backlog reported: {t.calls}", 60, interval=0.5,
+        )  # fmt: skip
         # One picture whatever runs it: `status` shows the ranges held by the query.
         status = await FleetControl(journal).status(NAME)
         assert status.entity_type == bank.ENTITY
@@ -226,10 +221,7 @@ async def test_a_spark_run_reports_its_batches_and_backlog_from_the_driver(
         assert {r["owner"] for r in document["ranges"]} == {holder}
     finally:
         await _stop(query)
-    deadline = asyncio.get_running_loop().time() + 30
-    while not t.named("stopped", NAME):
-        assert asyncio.get_running_loop().time() < deadline, "no stopped() after the query ended"
-        await asyncio.sleep(0.2)
+    await eventually(lambda: bool(t.named("stopped", NAME)), "stopped() after the query ended")
     assert [c.slice_range for c in t.named("started", NAME)] == ["0-1023"]
     assert {c.slice_range for c in t.named("backlog_sampled", NAME)} == {"0-511", "512-1023"}
     claimed = [(c.slice_range, c.args[0]) for c in t.named("lease_claimed", NAME)]

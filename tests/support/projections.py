@@ -59,9 +59,13 @@ def whole_range(
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str, within: float = 30.0
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    what: str,
+    within: float = 30.0,
+    interval: float = 0.05,
 ) -> None:
-    """Poll `check` until it is true; fail (naming `what`) if it never becomes true."""
+    """Poll `check` (every `interval` s) until it is true; fail (naming `what`) if it never
+    becomes true within `within` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
@@ -72,7 +76,7 @@ async def eventually(
             return
         if loop.time() > deadline:
             pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval)
 
 
 def sync_handler(settings: JournalSettings) -> Any:
