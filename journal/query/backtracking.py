@@ -122,16 +122,7 @@ class BacktrackingTracker:
         position = offset_after(self.position, ts, pid, seq_nr, read_timestamp)
         if position is None:
             return None
-        # Once per row: built directly, as attrs.evolve costs several times more.
-        return BacktrackingTracker(
-            self.settings,
-            self.buffer_size,
-            position,
-            self.backtracked_to,
-            self.idle_polls,
-            self.rows_since,
-            self.reread,
-        )
+        return self._moved(position, self.idle_polls, self.rows_since)
 
     def end_run(self, rows: int) -> BacktrackingTracker:
         """The run's last query returned fewer rows than its limit."""
@@ -141,10 +132,22 @@ class BacktrackingTracker:
         return attrs.evolve(self, position=self.reread.resume, reread=None)
 
     def after_normal_query(self, rows: int) -> BacktrackingTracker:
-        return attrs.evolve(
-            self,
-            rows_since=self.rows_since + rows,
-            idle_polls=self.idle_polls + 1 if rows == 0 else 0,
+        idle_polls = self.idle_polls + 1 if rows == 0 else 0
+        return self._moved(self.position, idle_polls, self.rows_since + rows)
+
+    def _moved(
+        self, position: TimestampOffset | None, idle_polls: int, rows_since: int
+    ) -> BacktrackingTracker:
+        # Once per row and per query: built directly, as attrs.evolve costs several
+        # times more.
+        return BacktrackingTracker(
+            self.settings,
+            self.buffer_size,
+            position,
+            self.backtracked_to,
+            idle_polls,
+            rows_since,
+            self.reread,
         )
 
     def covered_by_normal_read(

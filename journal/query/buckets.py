@@ -123,4 +123,5 @@ class BucketTracker:
         """A LIMIT query returned: full means behind again, so count anew from here."""
         if full:
             return attrs.evolve(self, catching_up=True, counts=None)
-        return attrs.evolve(self, catching_up=False)
+        # At the tail this runs on every poll: keep the value when it stays the same.
+        return attrs.evolve(self, catching_up=False) if self.catching_up else self

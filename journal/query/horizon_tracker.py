@@ -58,23 +58,31 @@ class HorizonTracker:
             return attrs.evolve(self, exact=False, unused=horizon.blind)
         parts = split(horizon, scan_from, self.settings)
         current = frozenset((t.backend, t.start) for t in parts.not_waited_for)
-        ended = sorted(self.not_waited_for - current)
-        for _, start in ended:
-            _log.debug("a transaction started at %s and not waited for has ended", start)
-        for _, start in sorted(current - self.not_waited_for):
-            _log.debug("not waiting for the open transaction started at %s", start)
-        return attrs.evolve(
-            self,
-            exact=True,
-            unused=parts,
-            not_waited_for=current,
-            ended=self.ended + tuple(start for _, start in ended),
-        )
+        ended = self.ended
+        if current != self.not_waited_for:
+            gone = sorted(self.not_waited_for - current)
+            for _, start in gone:
+                _log.debug("a transaction started at %s and not waited for has ended", start)
+            for _, start in sorted(current - self.not_waited_for):
+                _log.debug("not waiting for the open transaction started at %s", start)
+            ended += tuple(start for _, start in gone)
+        return self._with(True, parts, current, ended)
 
     def use_reading(self) -> tuple[HorizonTracker, Split | None]:
         """Use up the reading: what it means for the query, None to stay behind the clock."""
         reading = self.unused if isinstance(self.unused, Split) else None
-        return attrs.evolve(self, unused=None), reading
+        return self._with(self.exact, None, self.not_waited_for, self.ended), reading
+
+    def _with(
+        self,
+        exact: bool,
+        unused: Split | Blind | None,
+        not_waited_for: frozenset[tuple[int, datetime]],
+        ended: tuple[datetime, ...],
+    ) -> HorizonTracker:
+        # A reading and its use come once per poll of every live stream: built
+        # directly, as attrs.evolve costs several times more.
+        return HorizonTracker(self.settings, self.enabled, exact, unused, not_waited_for, ended)
 
     def start_backtracking(self) -> tuple[HorizonTracker, tuple[datetime, ...]]:
         """A run starts: it takes over the ended transactions to re-read for.
