@@ -9,6 +9,7 @@ as the SQL in `journal/query/sql.py`; the PostgreSQL tests in
 
 from __future__ import annotations
 
+import bisect
 import functools
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,10 +61,27 @@ def row(ev: Ev) -> tuple[Any, ...]:
 
 
 class Model:
-    """Executes BySliceQuery requests against a list of events with commit times."""
+    """Executes BySliceQuery requests against a list of events with commit times.
+
+    The machine asks it hundreds of thousands of times per test, so it answers
+    from indexes built once: rows by bisecting the timestamps, the open
+    transactions from a table of the instants where that set changes.
+    """
 
     def __init__(self, events: list[Ev]) -> None:
         self.events = sorted(events, key=lambda e: (e.ts, e.seq_nr, e.pid))
+        # Non-decreasing, as `at` is: the rows query bisects it for its range.
+        self.timestamps = [at(e.ts) for e in self.events]
+        # One transaction per (pid, start, commit), in the order of its first event,
+        # whose position is its backend: unique and stable.
+        first: dict[tuple[str, float, float], tuple[int, float, float, float]] = {}
+        for i, e in enumerate(self.events):
+            writes = e.ts if e.writes_from is None else e.writes_from
+            first.setdefault((e.pid, e.ts, e.commit), (i, e.ts, e.commit, writes))
+        self.transactions = list(first.values())
+        # Which transactions are open (and which write) changes only at these instants.
+        self.changes = sorted({t for tx in self.transactions for t in tx[1:]})
+        self.open_between: dict[int, tuple[OpenTransaction, ...]] = {}
 
     def visible(self, now: float) -> list[Ev]:
         return [e for e in self.events if e.commit <= now]
@@ -73,34 +91,38 @@ class Model:
 
         Its start is the events' db_timestamp, as with transaction_timestamp().
         """
-        open_: dict[tuple[str, float, float], OpenTransaction] = {}
-        for i, e in enumerate(self.events):
-            key = (e.pid, e.ts, e.commit)
-            if e.ts <= now < e.commit and key not in open_:
-                writes = now >= (e.ts if e.writes_from is None else e.writes_from)
-                # Its backend: the position of its first event, unique and stable.
-                open_[key] = OpenTransaction(i, at(e.ts), writes)
-        return Horizon(at(now), tuple(open_.values()))
+        between = bisect.bisect_right(self.changes, now)
+        open_ = self.open_between.get(between)
+        if open_ is None:
+            open_ = tuple(
+                OpenTransaction(backend, at(ts), now >= writes)
+                for backend, ts, commit, writes in self.transactions
+                if ts <= now < commit
+            )
+            self.open_between[between] = open_
+        return Horizon(at(now), open_)
 
     def rows(self, q: RowsQuery, now: float) -> list[Ev]:
-        out = []
-        behind = None if q.behind_current_time is None else at(now) - q.behind_current_time
-        for e in self.visible(now):
-            ts = at(e.ts)
-            if ts < q.from_timestamp:
+        ends = [q.until_exclusive, q.horizon]
+        if q.behind_current_time is not None:
+            ends.append(at(now) - q.behind_current_time)
+        end = min((ts for ts in ends if ts is not None), default=None)
+        stamps = self.timestamps
+        start = bisect.bisect_left(stamps, q.from_timestamp)
+        stop = len(stamps) if end is None else bisect.bisect_left(stamps, end)
+        if q.to_inclusive is not None:
+            stop = min(stop, bisect.bisect_right(stamps, q.to_inclusive))
+        out: list[Ev] = []
+        for i in range(start, stop):
+            if q.limit is not None and len(out) >= q.limit:
+                break
+            e = self.events[i]
+            if e.commit > now:
                 continue
-            if ts == q.from_timestamp and q.exclude.get(e.pid, 0) >= e.seq_nr:
-                continue
-            if q.to_inclusive is not None and ts > q.to_inclusive:
-                continue
-            if q.until_exclusive is not None and ts >= q.until_exclusive:
-                continue
-            if behind is not None and ts >= behind:
-                continue
-            if q.horizon is not None and ts >= q.horizon:
+            if stamps[i] == q.from_timestamp and q.exclude.get(e.pid, 0) >= e.seq_nr:
                 continue
             out.append(e)
-        return out if q.limit is None else out[: q.limit]
+        return out
 
     def buckets(self, q: BucketsQuery, now: float, behind: timedelta) -> list[tuple[int, int]]:
         counts: dict[int, int] = {}
