@@ -209,6 +209,17 @@ def pekko(**kw: Any) -> QuerySettings:
 # -- generated histories -----------------------------------------------------
 
 
+# Strategies are built once, outside the composites: hypothesis caches `st.integers`,
+# but builds a `sampled_from` anew on every call, and inside a composite that runs
+# for every step of every generated history that costs more than the draws.
+GAPS = st.sampled_from([0.0, 0.0, 0.001, 0.05, 0.5, 2.0, 15.0])
+
+
+@functools.cache
+def lateness(max_late: float) -> st.SearchStrategy[float]:
+    return st.sampled_from([0.0, 0.0, 0.0, 0.01, 1.0, max_late])
+
+
 @st.composite
 def histories(draw: st.DrawFn, max_late: float = 4.0) -> list[Ev]:
     """Several pids, atomic batches sharing a timestamp, some committing late."""
@@ -218,11 +229,11 @@ def histories(draw: st.DrawFn, max_late: float = 4.0) -> list[Ev]:
     last_ts = dict.fromkeys(range(n_pids), 0.0)
     t = 0.0
     for _ in range(draw(st.integers(1, 60))):
-        t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.05, 0.5, 2.0, 15.0]))
+        t += draw(GAPS)
         p = draw(st.integers(0, n_pids - 1))
         ts = max(t, last_ts[p] + 0.000001)
         last_ts[p] = ts
-        late = draw(st.sampled_from([0.0, 0.0, 0.0, 0.01, 1.0, max_late]))
+        late = draw(lateness(max_late))
         for _ in range(draw(st.integers(1, 4))):
             seq[p] += 1
             events.append(Ev(f"p{p}", seq[p], ts, ts + late))
@@ -521,6 +532,11 @@ def test_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None
 # -- the visibility horizon ----------------------------------------------------
 
 
+LONG_GAPS = st.sampled_from([0.0, 0.001, 0.05, 0.5, 2.0, 15.0])
+LENGTHS = st.sampled_from([0.0, 0.002, 1.0, 7.0, 20.0, 90.0, 200.0])
+IDLE = st.sampled_from([None, None, 0.5, 0.95])
+
+
 @st.composite
 def long_transactions(draw: st.DrawFn) -> list[Ev]:
     """Histories whose transactions stay open for any length (far past backtracking's
@@ -531,11 +547,11 @@ def long_transactions(draw: st.DrawFn) -> list[Ev]:
     busy_until = dict.fromkeys(range(n_pids), 0.0)  # one open transaction per pid at a time
     t = 0.0
     for _ in range(draw(st.integers(1, 40))):
-        t += draw(st.sampled_from([0.0, 0.001, 0.05, 0.5, 2.0, 15.0]))
+        t += draw(LONG_GAPS)
         p = draw(st.integers(0, n_pids - 1))
         ts = max(t, busy_until[p] + 0.000001)
-        length = draw(st.sampled_from([0.0, 0.002, 1.0, 7.0, 20.0, 90.0, 200.0]))
-        idle = draw(st.sampled_from([None, None, 0.5, 0.95]))  # first write, as a fraction
+        length = draw(LENGTHS)
+        idle = draw(IDLE)  # first write, as a fraction
         writes_from = None if idle is None else ts + idle * length
         busy_until[p] = ts + length
         for _ in range(draw(st.integers(1, 3))):

@@ -152,15 +152,21 @@ class Txn:
     rows: int
 
 
+# Built once: hypothesis builds a `sampled_from` anew on every call, which inside the
+# composite (once per transaction) costs more than the draws.
+DURATIONS = st.sampled_from([0, 3, 40, 900, 9_000, 11_000, 30_000, 150_000])
+ROWS = st.sampled_from([0, 1, 1, 2, 3])
+
+
 @st.composite
 def journals(draw: st.DrawFn) -> list[Txn]:
     txns = []
     for backend in range(draw(st.integers(1, 12))):
         start = draw(st.integers(0, 60_000))
-        duration = draw(st.sampled_from([0, 3, 40, 900, 9_000, 11_000, 30_000, 150_000]))
+        duration = draw(DURATIONS)
         duration = max(duration, draw(st.integers(0, 2_000)))
         writes_at = start + draw(st.integers(0, duration))
-        rows = draw(st.sampled_from([0, 1, 1, 2, 3]))
+        rows = draw(ROWS)
         txns.append(Txn(backend, start, writes_at, start + duration, rows))
     return txns
 
