@@ -142,10 +142,11 @@ async def run_all(
     schema = journal.settings.schema
     parts = args.partitions
 
-    def ours() -> Any:
+    def ours(ordered: bool = True) -> Any:
         return (
             spark.read.format("slicejournal").option("dsn", dsn).option("schema", schema)
-            .option("entityType", ENTITY).option("numPartitions", str(parts)).load()
+            .option("entityType", ENTITY).option("numPartitions", str(parts))
+            .option("ordered", str(ordered).lower()).load()
         )  # fmt: skip
 
     if args.only == "latency":
@@ -166,22 +167,29 @@ async def run_all(
             .option("fetchsize", "10000").load()
         )  # fmt: skip
 
-    # Alternating rounds, so that a noisy neighbour (or the JIT warming up) costs both.
-    ours_s, jdbc_s = float("inf"), float("inf")
-    for _ in range(rounds):
-        ours_s = min(ours_s, await asyncio.to_thread(timed_read, ours))
-        if url is not None:
-            jdbc_s = min(jdbc_s, await asyncio.to_thread(timed_read, jdbc))
-    rows = [["slicejournal source", f"{events / ours_s:,.0f}", "-"]]
+    readers = {
+        "slicejournal source (default: ordered)": ours,
+        "slicejournal source, ordered=false": functools.partial(ours, ordered=False),
+    }
     if url is not None:
-        rows.append(["Spark JDBC source", f"{events / jdbc_s:,.0f}", "-"])
-        rows[0][2] = format_ratio(jdbc_s / ours_s)
-        verdict = "met" if jdbc_s / ours_s >= 1.0 else "NOT met"
-        print_table(["reader", "events/s", "ours/JDBC"], rows)
-        print(f"goal ours/JDBC >= 1.0: {verdict}")
-    else:
-        print_table(["reader", "events/s", "ours/JDBC"], rows)
+        readers["Spark JDBC source (no order)"] = jdbc
+    # Alternating rounds, so that a noisy neighbour (or the JIT warming up) costs each.
+    best = dict.fromkeys(readers, float("inf"))
+    for _ in range(rounds):
+        for name, load in readers.items():
+            best[name] = min(best[name], await asyncio.to_thread(timed_read, load))
+    jdbc_s = best.get("Spark JDBC source (no order)")
+    rows = [
+        [name, f"{events / s:,.0f}", "-" if jdbc_s is None else format_ratio(jdbc_s / s)]
+        for name, s in best.items()
+    ]
+    print_table(["reader", "events/s", "ours/JDBC"], rows)
+    if jdbc_s is None:
         print(f"JDBC baseline skipped: {why}")
+    else:
+        for name, s in list(best.items())[:2]:
+            verdict = "met" if jdbc_s / s >= 1.0 else "NOT met"
+            print(f"goal ours/JDBC >= 1.0, {name}: {verdict}")
     if args.only == "batch":
         return
 

@@ -51,6 +51,7 @@ OPTIONS = (
     "backtrackingWindow",
     "startingTimestamp",
     "batchRows",
+    "ordered",
 )
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
 
@@ -75,6 +76,7 @@ class SourceOptions:
     backtracking_window: timedelta = DEFAULT_WINDOW
     starting_timestamp: datetime | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    ordered: bool = True
 
     def partition_ranges(self) -> list[SliceRange]:
         """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
@@ -135,6 +137,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         backtracking_window=window,
         starting_timestamp=_timestamp(raw, "startingTimestamp"),
         batch_rows=_int(raw, "batchRows", DEFAULT_BATCH_ROWS),
+        ordered=_bool(raw, "ordered", True),
     )
 
 
@@ -151,6 +154,17 @@ def _int(raw: Mapping[str, str], name: str, default: int) -> int:
     if name not in ("minSlice", "maxSlice") and value < 1:
         raise SourceOptionError(f"slicejournal source: option {name!r} must be >= 1, got {value}")
     return value
+
+
+def _bool(raw: Mapping[str, str], name: str, default: bool) -> bool:
+    if name not in raw:
+        return default
+    text = raw[name].strip().lower()
+    if text not in ("true", "false"):
+        raise SourceOptionError(
+            f"slicejournal source: option {name!r} must be 'true' or 'false', got {raw[name]!r}"
+        )
+    return text == "true"
 
 
 def _timestamp(raw: Mapping[str, str], name: str) -> datetime | None:

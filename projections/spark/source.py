@@ -61,7 +61,7 @@ from projections.spark.offsets import (
     is_exact,
     next_offset,
 )
-from projections.spark.options import SourceOptions, parse_options
+from projections.spark.options import SourceOptionError, SourceOptions, parse_options
 from projections.spark.sql import ReadPlan
 
 SHORT_NAME = "slicejournal"
@@ -311,6 +311,12 @@ class JournalDataSource(DataSource):
         return BatchReader(self.parsed)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        if not self.parsed.ordered:
+            # A stream's sink applies each id's events in order, and its offsets assume it.
+            raise SourceOptionError(
+                "slicejournal source: option 'ordered' applies to batch reads only; "
+                "a stream's partitions are always in (db_timestamp, seq_nr) order"
+            )
         return StreamReader(self.parsed)
 
 

@@ -58,19 +58,19 @@ def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
 
 def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     """The partition's rows, not deleted, ordered by (db_timestamp, seq_nr) — so each
-    persistence id's events come in seq_nr order."""
+    persistence id's events come in seq_nr order — unless the options say `ordered`
+    false (a batch read that does not need it skips the server's sort)."""
     bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
     where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("deleted = false"), *bounds]
     params |= _range_params(plan.options, plan.slice_range)
     if plan.persistence_ids:
         where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
         params["pids"] = list(plan.persistence_ids)
-    statement = sql.SQL(
-        "SELECT {columns} FROM {journal} WHERE {where} ORDER BY db_timestamp, seq_nr"
-    ).format(
+    statement = sql.SQL("SELECT {columns} FROM {journal} WHERE {where}{order}").format(
         columns=PARTITION_COLUMNS,
         journal=Tables(plan.options.settings).journal,
         where=sql.SQL(" AND ").join(where),
+        order=sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else ""),
     )
     return statement, params
 

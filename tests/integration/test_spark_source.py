@@ -62,6 +62,40 @@ async def test_batch_reads_every_event_in_order(spark: Any, journal: Journal, pg
 
 
 @pytest.mark.timeout(300)
+async def test_an_unordered_batch_read_reads_the_same_rows_and_a_stream_refuses_it(
+    spark: Any, journal: Journal, pg_dsn: str
+) -> None:
+    """`ordered=false` drops the server's sort, nothing else: the same rows, each id in
+    one partition. A stream needs the order, so it refuses the option."""
+    await _fill(journal, 60)
+    schema = journal.settings.schema
+
+    def partitioned(ordered: str) -> list[list[tuple[str, int]]]:
+        df = _reader(spark, pg_dsn, schema, entityType=ENTITY, numPartitions=4, ordered=ordered)
+        parts = df.select("persistence_id", "seq_nr").rdd.glom().collect()
+        return [[(r.persistence_id, r.seq_nr) for r in part] for part in parts]
+
+    ordered, unordered = partitioned("true"), partitioned("false")
+    assert [sorted(p) for p in unordered] == [sorted(p) for p in ordered]
+    assert sum(len(p) for p in unordered) == sum(1 + i % 7 for i in range(60))
+    for part in ordered:  # the default keeps each id's events in seq_nr order
+        for pid in {p for p, _ in part}:
+            seq = [s for p, s in part if p == pid]
+            assert seq == sorted(seq)
+
+    stream = (
+        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
+        .option("entityType", ENTITY).option("ordered", "false").load()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="'ordered' applies to batch reads only"):
+        query = stream.writeStream.format("noop").start()
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+
+@pytest.mark.timeout(300)
 async def test_timestamp_bounds_and_filters(spark: Any, journal: Journal, pg_dsn: str) -> None:
     await _fill(journal, 40)
     schema = journal.settings.schema
@@ -110,6 +144,7 @@ async def test_timestamp_bounds_and_filters(spark: Any, journal: Journal, pg_dsn
         ({"fromTimestamp": "yesterday"}, "fromTimestamp"),
         ({"fromTimestamp": "2026-01-01T00:00:00"}, "UTC offset"),
         ({"bogus": "1"}, "unknown option"),
+        ({"ordered": "maybe"}, "ordered"),
     ],
 )
 def test_bad_options_fail_at_load(
