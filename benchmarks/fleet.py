@@ -105,6 +105,7 @@ from projections import Projection, ProjectionGroup, ProjectionSettings, Unknown
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.fleet.status import FleetStatus
+from projections.tables import ProjectionTables
 from slicejournal.examples.worker_processes import WorkerProcesses
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -416,7 +417,11 @@ async def failover_once(live: LiveFleet, conn: AsyncConnection[Any], number: int
         "EXISTS (SELECT 1 FROM {a} a WHERE a.db_timestamp > %(killed)s "
         "AND a.slice BETWEEN l.min_slice AND l.max_slice) "
         "FROM {l} l WHERE l.projection_name = %(name)s"
-    ).format(w=live.tables.fleet_worker, a=live.applied, l=live.tables.lease)
+    ).format(
+        w=ProjectionTables(live.tables).fleet_worker,
+        a=live.applied,
+        l=ProjectionTables(live.tables).lease,
+    )
 
     started = time.perf_counter()
     live.fleet.kill(victim)
@@ -483,7 +488,7 @@ class LeaseSampler:
             "coalesce(array_agg(min_slice), '{{}}'), coalesce(array_agg(max_slice), '{{}}') "
             "FROM {} WHERE projection_name = %s AND owner IS NOT NULL AND running "
             "AND expires_at > clock_timestamp()"
-        ).format(self.tables.lease)
+        ).format(ProjectionTables(self.tables).lease)
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             while not self.stop.is_set():
                 cur = await conn.execute(query, (self.name,))

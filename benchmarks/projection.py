@@ -78,6 +78,7 @@ from psycopg import AsyncConnection, sql
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange, slice_ranges
 from journal.tables import Tables
 from projections import Projection, ProjectionGroup, ProjectionSettings
+from projections.tables import ProjectionTables
 
 ENTITY_TYPE = "Bench"
 PIDS = 5_000
@@ -296,7 +297,8 @@ async def catch_up(dsn: str, config: Config) -> dict[str, list[Run]]:
                 for variant in order:
                     await create_target(dsn, target)
                     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-                        await c.execute(sql.SQL("TRUNCATE {}").format(tables.offset_store))
+                        offsets = ProjectionTables(tables).offset_store
+                        await c.execute(sql.SQL("TRUNCATE {}").format(offsets))
                     await checkpoint(dsn)
                     if variant == RAW:
                         run = await run_raw(dsn, tables, target, total)

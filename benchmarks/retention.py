@@ -50,6 +50,7 @@ from journal import Journal, JournalSettings
 from projections import ProjectionSettings, Retention, RetentionPolicy, RetentionSettings
 from projections.aio.offset_dao import OffsetDao
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, Record
+from projections.tables import ProjectionTables
 
 ENTITY = "Bench"
 SPAN_SECONDS = 1000.0
@@ -101,12 +102,14 @@ async def one_variant(dsn: str, args: argparse.Namespace, variant: str) -> list[
                 cur = await conn.execute("SELECT now()")
                 now = (await cur.fetchone() or (None,))[0]
                 markers = [Record(s, PROGRESS_PID, PROGRESS_SEQ_NR, now) for s in range(1024)]
-                await OffsetDao(j.tables, "caught-up").save(conn, "0-1023", markers)
+                await OffsetDao(ProjectionTables(j.tables), "caught-up").save(
+                    conn, "0-1023", markers
+                )
                 await conn.execute(
                     sql.SQL(
                         "INSERT INTO {o} SELECT 'caught-up', '0-1023', slice, persistence_id, "
                         "seq_nr, db_timestamp, now() FROM {j} WHERE db_timestamp > %s"
-                    ).format(o=j.tables.offset_store, j=j.tables.journal),
+                    ).format(o=ProjectionTables(j.tables).offset_store, j=j.tables.journal),
                     (now - ProjectionSettings().time_window,),
                 )
             _, _, quiet = await while_appending(j, args.rate, asyncio.sleep(5))

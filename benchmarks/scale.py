@@ -129,6 +129,7 @@ from journal.query.horizon import READER_APPLICATION, horizon_from_row
 from journal.tables import Tables
 from journal.writer import WriterSql, prepare_append
 from projections import Projection, ProjectionManagement, ProjectionSettings
+from projections.tables import ProjectionTables
 
 ENTITY_TYPES = (
     "Order", "Account", "Cart", "Customer", "Invoice", "Payment", "Shipment", "Product",
@@ -338,7 +339,7 @@ async def remove_measurement_rows(conn: psycopg.AsyncConnection[Any], tables: Ta
     cur = await conn.execute(
         sql.SQL("DELETE FROM {} WHERE writer <> %s").format(tables.journal), (FILL_WRITER,)
     )
-    await conn.execute(sql.SQL("TRUNCATE {}").format(tables.offset_store))
+    await conn.execute(sql.SQL("TRUNCATE {}").format(ProjectionTables(tables).offset_store))
     return cur.rowcount
 
 
@@ -752,8 +753,8 @@ async def sample_offsets(dsn: str, tables: Tables, samples: list[Sample]) -> Non
             "(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %(t)s::regclass), "
             "(SELECT autovacuum_count FROM pg_stat_user_tables WHERE relid = %(t)s::regclass) "
             "FROM {}"
-        ).format(tables.offset_store)
-        name = tables.offset_store.as_string(conn)
+        ).format(ProjectionTables(tables).offset_store)
+        name = ProjectionTables(tables).offset_store.as_string(conn)
         began = time.perf_counter()
         while True:
             row = await _one(await conn.execute(statement, {"t": name}))

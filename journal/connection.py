@@ -16,7 +16,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection, Connection
@@ -135,36 +135,37 @@ def connect_errors(dsn: str) -> Iterator[None]:
         raise connection_failed(dsn, e) from None
 
 
-def _missing_table(tables: Tables, error: psycopg.errors.UndefinedTable) -> str | None:
-    """Which of the journal's tables the error is about, if any (a handler's own is not)."""
+class TableSet(Protocol):
+    """The tables of one component in one schema: what `schema_errors` recognises."""
+
+    @property
+    def schema_name(self) -> str: ...
+
+    def table_names(self) -> tuple[str, ...]: ...
+
+
+def _missing_table(tables: TableSet, error: psycopg.errors.UndefinedTable) -> str | None:
+    """Which of `tables` the error is about, if any (a handler's own is not)."""
     message = error.diag.message_primary or str(error)
-    s = tables.settings
-    for table in (
-        s.journal_table,
-        s.snapshot_table,
-        s.offset_table,
-        s.management_table,
-        s.dead_letter_table,
-        s.fleet_table,
-        s.fleet_worker_table,
-        s.lease_table,
-    ):
+    schema = tables.schema_name
+    for table in tables.table_names():
         # Not a prefix of a longer name: a handler's own "public.snapshot_x" is not ours.
-        if re.search(rf"(?<![\w$]){re.escape(f'{s.schema}.{table}')}(?![\w$])", message):
+        if re.search(rf"(?<![\w$]){re.escape(f'{schema}.{table}')}(?![\w$])", message):
             return table
     return None
 
 
 @contextlib.contextmanager
-def schema_errors(tables: Tables, where: str | None = None) -> Iterator[None]:
-    """Turn "relation does not exist" on one of the journal's tables into `SchemaNotInitialized`."""
+def schema_errors(tables: TableSet, where: str | None = None) -> Iterator[None]:
+    """Turn "relation does not exist" on one of `tables` into `SchemaNotInitialized`
+    (the journal's pools pass the journal's; a component built on it passes its own)."""
     try:
         yield
     except psycopg.errors.UndefinedTable as e:
         table = _missing_table(tables, e)
         if table is None:
             raise
-        raise SchemaNotInitialized(tables.settings.schema, table, where) from e
+        raise SchemaNotInitialized(tables.schema_name, table, where) from e
 
 
 TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"

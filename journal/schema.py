@@ -1,8 +1,8 @@
 """The database schema as numbered, forward-only migrations per component.
 
 A journal is kept for years, through many releases, so its schema is
-versioned: each component (`journal`: events and snapshots; `projections`:
-offsets, management, the fleet's leases) ships its migrations as
+versioned: each component (`journal`: events and snapshots; the packages
+built on it register their own) ships its migrations as
 `NNNN_name.sql` files inside its package, and the database records in
 `slicejournal_schema_version` the number each component has reached. The
 drivers (`journal/aio/migrate.py` and its generated twin) apply what is
@@ -11,7 +11,9 @@ schema older (run `slicejournal migrate`) or newer (an old worker must not
 write to it) than the installed release.
 
 Components are found through the `slicejournal.schema` entry-point group, so
-the journal knows its own migrations and nothing of the packages built on it.
+the journal knows its own migrations and nothing of the packages built on it:
+each component names its own tables (`ComponentTables`), for the key of its
+version row and the placeholders of its migrations.
 A migration only adds: it never drops or rewrites user data.
 """
 
@@ -21,18 +23,36 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Protocol
 
 import attrs
 from psycopg import sql
 
-from journal.errors import SchemaOutdated, SchemaTooNew
-from journal.settings import JournalSettings
+from journal.errors import InvalidArgument, SchemaOutdated, SchemaTooNew
 from journal.tables import Tables
 
 ENTRY_POINT_GROUP = "slicejournal.schema"
 # Serialises every migration step (and so two deploys racing) on one server.
 MIGRATION_LOCK_KEY = 0x5_1CE_70_0A
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+class ComponentTables(Protocol):
+    """The names of one component's tables in one schema.
+
+    They key the component's version row (`key_names`) and fill its
+    migrations' placeholders (`ddl_names`); each component builds its own, so
+    this module knows no component's tables but the journal's.
+    """
+
+    @property
+    def component(self) -> str:
+        """The name of the `Component` these are the tables of."""
+        ...
+
+    def key_names(self) -> tuple[str, ...]: ...
+
+    def ddl_names(self) -> Mapping[str, sql.Composable]: ...
 
 
 @attrs.frozen
@@ -44,9 +64,9 @@ class Migration:
     name: str
     text: str
 
-    def statement(self, settings: JournalSettings) -> sql.Composed:
+    def statement(self, tables: ComponentTables) -> sql.Composed:
         """The step's SQL with every placeholder bound to a quoted identifier."""
-        return sql.SQL(self.text).format(**Tables(settings).ddl_names())
+        return sql.SQL(self.text).format(**tables.ddl_names())
 
     def __str__(self) -> str:
         return f"{self.component.name} {self.number:04d}_{self.name}"
@@ -56,20 +76,20 @@ class Migration:
 class Component:
     """A package's part of the schema: its migrations, applied in `order` among components.
 
-    `tables` names the settings fields holding its tables' names: the version is
-    recorded per component *and* those names, so two journals with different
-    table names in one schema are migrated independently.
+    `tables` names its tables in a journal's schema when the caller names none
+    (their defaults). The version is recorded per component *and* those names,
+    so two installations with different table names in one schema are
+    migrated independently.
     """
 
     name: str
     package: str
-    tables: tuple[str, ...]
+    tables: Callable[[Tables], ComponentTables]
     order: int = 100
 
-    def key(self, settings: JournalSettings) -> str:
+    def key(self, tables: ComponentTables) -> str:
         """The row under which this installation of the component records its version."""
-        names = ",".join(str(getattr(settings, field)) for field in self.tables)
-        return f"{self.name}({names})"
+        return f"{self.name}({','.join(tables.key_names())})"
 
     def migrations(self) -> list[Migration]:
         """The component's migrations, by number (1, 2, ... with no gap)."""
@@ -91,7 +111,7 @@ class Component:
         return len(self.migrations())
 
 
-JOURNAL = Component("journal", "journal", ("journal_table", "snapshot_table"), order=0)
+JOURNAL = Component("journal", "journal", lambda tables: tables, order=0)
 
 
 def components() -> list[Component]:
@@ -104,33 +124,80 @@ def components() -> list[Component]:
     return sorted(found.values(), key=lambda c: (c.order, c.name))
 
 
-def pending(
-    settings: JournalSettings,
-    versions: Mapping[str, int],
+@attrs.frozen
+class Installed:
+    """A component with the names of its tables in one journal's schema."""
+
+    component: Component
+    tables: ComponentTables
+    # False when the caller named none and these are the defaults: a check then
+    # cannot tell which installation in the schema is the caller's and reads them all.
+    named: bool
+
+    @property
+    def key(self) -> str:
+        return self.component.key(self.tables)
+
+
+def installation(
+    journal: Tables,
+    tables: Sequence[ComponentTables] = (),
     installed: Sequence[Component] | None = None,
-) -> list[Migration]:
+) -> list[Installed]:
+    """Every installed component in `journal`'s schema, under the names in `tables`
+    (one per component at most) or else its defaults; `InvalidArgument` for names
+    of a component that is not installed."""
+    found = installed if installed is not None else components()
+    given: dict[str, ComponentTables] = {}
+    for t in tables:
+        if t.component == journal.component:
+            raise InvalidArgument("the journal's tables are named by its JournalSettings")
+        if t.component in given:
+            raise InvalidArgument(f"tables of component {t.component!r} given twice")
+        given[t.component] = t
+    unknown = sorted(set(given) - {c.name for c in found})
+    if unknown:
+        raise InvalidArgument(f"no installed schema component is named {unknown}")
+    return [
+        Installed(
+            c,
+            given[c.name] if c.name in given else c.tables(journal),
+            named=c.name in given or c.name == journal.component,
+        )
+        for c in found
+    ]
+
+
+def pending(versions: Mapping[str, int], installed: Sequence[Installed]) -> list[Migration]:
     """The steps that bring a database at `versions` to this release, in order."""
     out: list[Migration] = []
-    for component in installed if installed is not None else components():
-        current = versions.get(component.key(settings), 0)
-        out.extend(m for m in component.migrations() if m.number > current)
+    for each in installed:
+        current = versions.get(each.key, 0)
+        out.extend(m for m in each.component.migrations() if m.number > current)
     return out
 
 
+def _recorded(versions: Mapping[str, int], each: Installed) -> list[int]:
+    """The versions that concern `each`: its own row, or with default names every
+    installation of its component in the schema (none recorded: 0)."""
+    if each.named:
+        return [versions.get(each.key, 0)]
+    prefix = f"{each.component.name}("
+    return [v for k, v in versions.items() if k.startswith(prefix)] or [0]
+
+
 def check_versions(
-    settings: JournalSettings,
-    versions: Mapping[str, int],
-    installed: Sequence[Component] | None = None,
+    schema: str, versions: Mapping[str, int], installed: Sequence[Installed]
 ) -> None:
     """`SchemaOutdated` / `SchemaTooNew` unless every component is exactly at its head."""
     older, newer = [], []
-    schema = settings.schema
-    for component in installed if installed is not None else components():
-        found, head = versions.get(component.key(settings), 0), component.head
-        if found < head:
-            older.append(f"{component.name} at {found}, this release needs {head}")
-        elif found > head:
-            newer.append(f"{component.name} at {found}, this release knows {head}")
+    for each in installed:
+        head = each.component.head
+        for found in _recorded(versions, each):
+            if found < head:
+                older.append(f"{each.component.name} at {found}, this release needs {head}")
+            elif found > head:
+                newer.append(f"{each.component.name} at {found}, this release knows {head}")
     if newer:
         raise SchemaTooNew(schema, "; ".join(newer))
     if older:

@@ -146,15 +146,6 @@ class JournalSettings:
     schema: str = attrs.field(default="public", validator=_identifier)
     journal_table: str = attrs.field(default="event_journal", validator=_identifier)
     snapshot_table: str = attrs.field(default="snapshot", validator=_identifier)
-    offset_table: str = attrs.field(
-        default="projection_timestamp_offset_store", validator=_identifier
-    )
-    management_table: str = attrs.field(default="projection_management", validator=_identifier)
-    dead_letter_table: str = attrs.field(default="projection_dead_letter", validator=_identifier)
-    # The projection fleet: desired instance counts, live workers, slice-range leases.
-    fleet_table: str = attrs.field(default="projection_fleet", validator=_identifier)
-    fleet_worker_table: str = attrs.field(default="projection_fleet_worker", validator=_identifier)
-    lease_table: str = attrs.field(default="projection_lease", validator=_identifier)
     pool_min_size: int = attrs.field(default=1, validator=_positive_int)
     pool_max_size: int = attrs.field(default=10, validator=_positive_int)
     writer_id: str = attrs.field(factory=_default_writer)

@@ -1,14 +1,18 @@
-"""Quoted names of every table the product uses, derived from the settings.
+"""Quoted names of the journal's tables, derived from the settings.
 
 Schema and table names are user settings; they reach SQL only as
 `psycopg.sql.Identifier`s built here, so no configured name can ever be read
-as SQL. The NOTIFY channel is derived from them too.
+as SQL. The NOTIFY channel is derived from them too. A package built on the
+journal names its own tables in its own module (the same way, with
+`derived_name` for the objects named after a table), so this one lists only
+the journal's.
 """
 
 from __future__ import annotations
 
 import hashlib
 from functools import cached_property
+from typing import ClassVar
 
 import attrs
 from psycopg import sql
@@ -36,6 +40,8 @@ class Tables:
     """Qualified identifiers for one journal installation (schema + table names)."""
 
     settings: JournalSettings
+    # The component whose migrations these names fill in (journal/schema.py).
+    component: ClassVar[str] = "journal"
 
     def _qualified(self, table: str) -> sql.Identifier:
         return sql.Identifier(self.settings.schema, table)
@@ -51,7 +57,7 @@ class Tables:
     @cached_property
     def journal_slice_index(self) -> sql.Identifier:
         # An index name is unqualified and lives in the table's schema.
-        return sql.Identifier(_derived_name(self.settings.journal_table, _INDEX_SUFFIX))
+        return sql.Identifier(derived_name(self.settings.journal_table, _INDEX_SUFFIX))
 
     @cached_property
     def snapshot(self) -> sql.Identifier:
@@ -59,60 +65,7 @@ class Tables:
 
     @cached_property
     def snapshot_slice_index(self) -> sql.Identifier:
-        return sql.Identifier(_derived_name(self.settings.snapshot_table, _INDEX_SUFFIX))
-
-    @cached_property
-    def offset_store(self) -> sql.Identifier:
-        return self._qualified(self.settings.offset_table)
-
-    @cached_property
-    def management(self) -> sql.Identifier:
-        return self._qualified(self.settings.management_table)
-
-    @cached_property
-    def registry_name(self) -> str:
-        """The projection registry (registered and retired projections, for retention);
-        derived from the management table's name, so no new setting changes the
-        projections component's migration key."""
-        return _derived_name(self.settings.management_table, "_registry")
-
-    @cached_property
-    def registry(self) -> sql.Identifier:
-        return self._qualified(self.registry_name)
-
-    @cached_property
-    def dead_letter(self) -> sql.Identifier:
-        return self._qualified(self.settings.dead_letter_table)
-
-    @cached_property
-    def fleet(self) -> sql.Identifier:
-        return self._qualified(self.settings.fleet_table)
-
-    @cached_property
-    def fleet_worker(self) -> sql.Identifier:
-        return self._qualified(self.settings.fleet_worker_table)
-
-    @cached_property
-    def lease(self) -> sql.Identifier:
-        return self._qualified(self.settings.lease_table)
-
-    @cached_property
-    def lease_epoch_name(self) -> str:
-        """The sequence every lease claim draws its (globally increasing) epoch from."""
-        return _derived_name(self.settings.lease_table, "_epoch")
-
-    @cached_property
-    def lease_epoch(self) -> sql.Identifier:
-        return self._qualified(self.lease_epoch_name)
-
-    @cached_property
-    def lease_fence_name(self) -> str:
-        """The function an offset transaction calls to prove it still holds its lease."""
-        return _derived_name(self.settings.lease_table, "_fence")
-
-    @cached_property
-    def lease_fence(self) -> sql.Identifier:
-        return self._qualified(self.lease_fence_name)
+        return sql.Identifier(derived_name(self.settings.snapshot_table, _INDEX_SUFFIX))
 
     @cached_property
     def schema_version(self) -> sql.Identifier:
@@ -125,41 +78,35 @@ class Tables:
         key = f"{self.settings.schema}\x00{self.settings.journal_table}".encode()
         return "slicejournal_" + hashlib.sha1(key).hexdigest()[:16]
 
+    @property
+    def schema_name(self) -> str:
+        """The schema, unquoted (for messages and catalog look-ups)."""
+        return self.settings.schema
+
+    def key_names(self) -> tuple[str, ...]:
+        """The table names that key this installation's version row (journal/schema.py)."""
+        return (self.settings.journal_table, self.settings.snapshot_table)
+
+    def table_names(self) -> tuple[str, ...]:
+        """The tables a "relation does not exist" may be about (`schema_errors`)."""
+        return self.key_names()
+
     def ddl_names(self) -> dict[str, sql.Composable]:
-        """The placeholders the files in `sql/` use."""
+        """The placeholders the files in `migrations/` use."""
         return {
             "schema": self.schema,
             "event_journal": self.journal,
             "event_journal_slice_idx": self.journal_slice_index,
             "snapshot": self.snapshot,
             "snapshot_slice_idx": self.snapshot_slice_index,
-            "offset_store": self.offset_store,
-            "management": self.management,
-            "registry": self.registry,
-            "dead_letter": self.dead_letter,
-            "fleet": self.fleet,
-            "fleet_worker": self.fleet_worker,
-            "lease": self.lease,
-            "lease_epoch": self.lease_epoch,
-            "lease_fence": self.lease_fence,
-            "body": sql.SQL(self._dollar_quote()),
         }
 
-    def _dollar_quote(self) -> str:
-        """A dollar-quote tag for a function body that no configured name contains,
-        so no name can end the body early."""
-        inside = self.lease.as_string()  # the only name in the body
-        tag, n = "$body$", 0
-        while tag in inside:
-            n += 1
-            tag = f"$body{n}$"
-        return tag
 
-
-def _derived_name(table: str, suffix: str) -> str:
-    """`table + suffix`, kept within PostgreSQL's 63-byte limit so it is never truncated
-    silently: a longer one is cut and a hash of the full name added, so two long names
-    sharing a prefix do not share (and silently skip) one object."""
+def derived_name(table: str, suffix: str) -> str:
+    """`table + suffix` (an index, a sequence, a companion table), kept within
+    PostgreSQL's 63-byte limit so it is never truncated silently: a longer one is cut
+    and a hash of the full name added, so two long names sharing a prefix do not share
+    (and silently skip) one object."""
     if len(table.encode("utf-8")) + len(suffix) <= 63:
         return table + suffix
     digest = "_" + hashlib.sha1(table.encode("utf-8")).hexdigest()[:8]

@@ -24,7 +24,7 @@ from projections.retention import (
     RetentionSettings,
     parse_duration,
 )
-from projections.settings import ProjectionSettings
+from projections.settings import ProjectionSettings, ProjectionTableNames
 
 # The runners and management load psycopg and asyncio, the exporters prometheus_client
 # and OpenTelemetry (the [otel] extra): imported on first use.
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         SyncHandler,
         SyncProjection,
     )
+    from projections.tables import ProjectionTables
     from projections.telemetry import InstanceTelemetry, RecordingTelemetry, Telemetry
     from projections.telemetry_otel import OtelTelemetry
     from projections.telemetry_prometheus import PrometheusTelemetry
@@ -86,6 +87,7 @@ __getattr__, __dir__ = lazy_attributes(
         ),
         "SyncProjectionGroup": "projections.sync.group",
         "Backlog": "projections.backlog",
+        "ProjectionTables": "projections.tables",
         **dict.fromkeys(
             ("InstanceTelemetry", "RecordingTelemetry", "Telemetry"), "projections.telemetry"
         ),
@@ -120,6 +122,8 @@ __all__ = [
     "ProjectionManagement",
     "ProjectionSettings",
     "ProjectionStats",
+    "ProjectionTableNames",
+    "ProjectionTables",
     "PrometheusTelemetry",
     "RangeReport",
     "RangeStatus",

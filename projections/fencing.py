@@ -31,8 +31,9 @@ import psycopg
 from psycopg import sql
 
 from journal.slices import SliceRange
-from journal.tables import Tables, rendered
+from journal.tables import rendered
 from projections.errors import LeaseLost, OffsetConflict, ProjectionError
+from projections.tables import ProjectionTables
 
 FENCE_SQLSTATE = "SJ001"
 
@@ -47,7 +48,7 @@ class Fence:
     epoch: int
     idle_timeout_ms: int
 
-    def statement(self, tables: Tables) -> tuple[str, tuple[object, ...]]:
+    def statement(self, tables: ProjectionTables) -> tuple[str, tuple[object, ...]]:
         r = self.slice_range
         return _fence_call(tables), (
             self.projection_name,
@@ -67,12 +68,14 @@ class Fence:
 
 
 @functools.cache
-def _fence_call(tables: Tables) -> str:
+def _fence_call(tables: ProjectionTables) -> str:
     """The fence function's call, composed once per installation: it runs in every batch."""
     return rendered(sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(tables.lease_fence))
 
 
-def offset_error(error: BaseException, tables: Tables, where: str) -> ProjectionError | None:
+def offset_error(
+    error: BaseException, tables: ProjectionTables, where: str
+) -> ProjectionError | None:
     """`LeaseLost` or `OffsetConflict` if `error` is one of those, else None."""
     if not isinstance(error, psycopg.Error):
         return None
@@ -80,8 +83,8 @@ def offset_error(error: BaseException, tables: Tables, where: str) -> Projection
         return LeaseLost(f"projection {where}: {error.diag.message_primary or error}")
     if (
         isinstance(error, psycopg.errors.UniqueViolation)
-        and error.diag.table_name == tables.settings.offset_table
-        and error.diag.schema_name == tables.settings.schema
+        and error.diag.table_name == tables.names.offset_table
+        and error.diag.schema_name == tables.schema_name
     ):
         return OffsetConflict(
             f"projection {where}: another instance already stored an offset this "

@@ -1,6 +1,6 @@
 """The statements on projection_management and the dead-letter table; they run nothing.
 
-Built from `Tables` and shared by the runners (pause checks, dead letters,
+Built from `ProjectionTables` and shared by the runners (pause checks, dead letters,
 executed in `offset_dao.py`) and by the operators' `ProjectionManagement`,
 so the runners never import the operators' module.
 """
@@ -14,15 +14,15 @@ from psycopg import sql
 from journal.errors import InvalidArgument
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
-from journal.tables import Tables
 from projections.names import ALL_RANGES
 from projections.offset_sql import Statement
+from projections.tables import ProjectionTables
 
 
 class ManagementSql:
     """The statements on projection_management and the dead-letter table."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: ProjectionTables) -> None:
         t = tables
         self.upsert = sql.SQL(
             "INSERT INTO {m} (projection_name, projection_key, paused, last_updated) "
@@ -55,7 +55,7 @@ class ManagementSql:
             "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
             "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
             "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
-        ).format(j=t.journal)
+        ).format(j=t.journal_tables.journal)
         # The backlog of a range (see projections/backlog.py): the database's now(), the
         # oldest event newer than its slice's latest stored offset, and how many such
         # events there are, counted up to %(cap)s. One index probe per slice for the
@@ -73,7 +73,7 @@ class ManagementSql:
             " (SELECT count(*) FROM (SELECT 1 FROM stored, LATERAL (SELECT 1 FROM {j} "
             "   WHERE slice = stored.slice AND entity_type = %(et)s "
             "   AND db_timestamp > stored.latest AND NOT deleted) AS e LIMIT %(cap)s) AS c)"
-        ).format(o=t.offset_store, j=t.journal)
+        ).format(o=t.offset_store, j=t.journal_tables.journal)
 
     def paused_keys_of(self, name: str) -> Statement:
         """The keys ("*" or "min-max") under which `name` is paused."""

@@ -1,4 +1,4 @@
-"""The offset store's statements, built from `Tables`; they run nothing.
+"""The offset store's statements, built from `ProjectionTables`; they run nothing.
 
 Loading, saving and cleaning offset rows per slice. Each builder returns a
 `Statement` (the SQL and its parameters); the async and the sync executors in
@@ -27,9 +27,10 @@ from cachetools import LRUCache
 from psycopg import sql
 
 from journal.slices import SliceRange
-from journal.tables import Tables, rendered
+from journal.tables import rendered
 from projections.fencing import Fence
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
+from projections.tables import ProjectionTables
 
 _CACHED_BATCH_SIZES = 64  # statement texts kept, most recently used first
 _MAX_ROWS_PER_INSERT = 4096  # 4 parameters a row; PostgreSQL allows 65535 per statement
@@ -50,7 +51,7 @@ class OffsetSql:
     Both executors below (async and sync) run exactly these statements.
     """
 
-    def __init__(self, tables: Tables, projection_name: str) -> None:
+    def __init__(self, tables: ProjectionTables, projection_name: str) -> None:
         self.name = projection_name
         t = tables.offset_store
         self._tables = tables

@@ -1,4 +1,4 @@
-"""Retention's statements, built from `Tables`; they run nothing.
+"""Retention's statements, built from `ProjectionTables`; they run nothing.
 
 One place for every statement retention and the projection registry run
 (`projections/aio/retention.py` executes them): the projections that hold a
@@ -23,11 +23,12 @@ from typing import Any
 from psycopg import sql
 
 from journal.slices import NUMBER_OF_SLICES
-from journal.tables import Tables, rendered
+from journal.tables import rendered
 from journal.writer import MARK_DELETED
 from projections.offset_sql import Statement
 from projections.offset_store import PROGRESS_PID, START_SEQ_NR
 from projections.retention import RetentionPolicy, SlicePlan
+from projections.tables import ProjectionTables
 
 # The advisory lock's first key (the second is the registry's name, hashed).
 _LOCK_CLASS = 0x51CE
@@ -152,17 +153,17 @@ ORDER BY 1"""
 class RetentionSql:
     """Retention's and the registry's statements for one installation."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: ProjectionTables) -> None:
         names: dict[str, Any] = {
-            "j": tables.journal,
-            "s": tables.snapshot,
+            "j": tables.journal_tables.journal,
+            "s": tables.journal_tables.snapshot,
             "o": tables.offset_store,
             "m": tables.management,
             "f": tables.fleet,
             "r": tables.registry,
             "marker": MARK_DELETED,
         }
-        self._lock_name = f"{tables.settings.schema}.{tables.registry_name}"
+        self._lock_name = f"{tables.schema_name}.{tables.registry_name}"
         self.apply = rendered(sql.SQL(_VERDICT + _APPLY).format(**names))
         self.dry_run = rendered(sql.SQL(_VERDICT + _DRY_RUN).format(**names))
         self.projections = rendered(sql.SQL(_PROJECTIONS).format(**names))

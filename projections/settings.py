@@ -1,4 +1,9 @@
-"""Projection settings, validated when built; defaults are Pekko Projection's."""
+"""Projection settings, validated when built; defaults are Pekko Projection's.
+
+The names of the projections' tables are settings here too, not the
+journal's: the journal knows nothing of projections (`projections/tables.py`
+turns these names into identifiers).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,14 @@ from typing import Any
 
 import attrs
 
-from journal.settings import _non_negative, _positive_int, duration_field, to_timedelta
+from journal.errors import InvalidSettings
+from journal.settings import (
+    _identifier,
+    _non_negative,
+    _positive_int,
+    duration_field,
+    to_timedelta,
+)
 
 
 def _optional_duration(value: timedelta | float | int | None) -> timedelta | None:
@@ -21,6 +33,43 @@ def optional_duration_field(default: timedelta | None) -> Any:
         converter=_optional_duration,
         validator=attrs.validators.optional(_non_negative),
     )
+
+
+@attrs.frozen
+class ProjectionTableNames:
+    """The names of the projections' tables in the journal's schema (validated like the
+    journal's own: non-empty, within PostgreSQL's 63 bytes, no NUL or '%').
+
+    The projection registry, the lease epoch sequence and the fence function are
+    named after the management and lease tables (`projections/tables.py`).
+    """
+
+    offset_table: str = attrs.field(
+        default="projection_timestamp_offset_store", validator=_identifier
+    )
+    management_table: str = attrs.field(default="projection_management", validator=_identifier)
+    dead_letter_table: str = attrs.field(default="projection_dead_letter", validator=_identifier)
+    # The projection fleet: desired instance counts, live workers, slice-range leases.
+    fleet_table: str = attrs.field(default="projection_fleet", validator=_identifier)
+    fleet_worker_table: str = attrs.field(default="projection_fleet_worker", validator=_identifier)
+    lease_table: str = attrs.field(default="projection_lease", validator=_identifier)
+
+    def key_names(self) -> tuple[str, ...]:
+        """The names in the order of the migration key `projections(...)`: existing
+        databases recorded their version under it, so the order never changes."""
+        return (
+            self.offset_table,
+            self.management_table,
+            self.dead_letter_table,
+            self.fleet_table,
+            self.fleet_worker_table,
+            self.lease_table,
+        )
+
+
+def _table_names(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, ProjectionTableNames):
+        raise InvalidSettings(f"{attribute.name} must be ProjectionTableNames, got {value!r}")
 
 
 @attrs.frozen
@@ -58,3 +107,5 @@ class ProjectionSettings:
     backlog_sample_interval: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
     # Envelopes buffered between the stream and the handler.
     buffer: int = attrs.field(default=1000, validator=_positive_int)
+    # Where the offsets, management, dead letters and leases live (in the journal's schema).
+    tables: ProjectionTableNames = attrs.field(factory=ProjectionTableNames, validator=_table_names)

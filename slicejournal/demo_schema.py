@@ -17,6 +17,7 @@ from psycopg import AsyncConnection, errors, sql
 from journal.errors import JournalError
 from journal.settings import JournalSettings
 from journal.tables import SCHEMA_VERSION_TABLE, Tables
+from projections.tables import ProjectionTables
 
 LEGACY_DEMO_SCHEMA = "slicejournal_demo"
 DEMO_MARK = "created by `slicejournal demo`; its tables are reset on every demo run"
@@ -26,17 +27,17 @@ class DemoSchemaRefused(JournalError):
     """The demo was pointed at a schema that is not its own."""
 
 
+def _projection_tables(settings: JournalSettings) -> ProjectionTables:
+    """The projections' tables the demo's projections use: the default names."""
+    return ProjectionTables(Tables(settings))
+
+
 def _demo_tables(settings: JournalSettings, read_models: tuple[str, ...]) -> list[str]:
+    projections = _projection_tables(settings)
     return [
-        settings.journal_table,
-        settings.snapshot_table,
-        settings.offset_table,
-        settings.management_table,
-        Tables(settings).registry_name,
-        settings.dead_letter_table,
-        settings.fleet_table,
-        settings.fleet_worker_table,
-        settings.lease_table,
+        *projections.journal_tables.key_names(),
+        *projections.key_names(),
+        projections.registry_name,
         SCHEMA_VERSION_TABLE,
         *read_models,
     ]
@@ -106,7 +107,7 @@ async def claim_demo_schema(
             "choose another --schema"
         )
     ours = _demo_tables(settings, read_models)
-    t = Tables(settings)
+    t = _projection_tables(settings)
     cur = await conn.execute(
         _FOREIGN_OBJECTS,
         {

@@ -34,6 +34,7 @@ from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
 from journal.rows import row_to_envelope
+from journal.schema import ComponentTables
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
@@ -155,10 +156,15 @@ class Journal:
         await self.pool.close()
 
     @translate_errors
-    async def create_schema(self) -> None:
-        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
+    async def create_schema(self, *, tables: Sequence[ComponentTables] = ()) -> None:
+        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`).
+
+        Every installed component's tables get their default names unless
+        `tables` names them (one `ComponentTables` per component, built by
+        the package that owns them).
+        """
         async with self.pool.connection() as conn:
-            await migrate(conn, self.settings)
+            await migrate(conn, self.settings, tables=tables)
 
     # -- write side -------------------------------------------------------
 

@@ -9,6 +9,7 @@ journal makes when it opens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -17,10 +18,12 @@ from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import SchemaOutdated
 from journal.schema import (
     MIGRATION_LOCK_KEY,
+    ComponentTables,
     Migration,
     MigrationHook,
     VersionSql,
     check_versions,
+    installation,
     pending,
     release,
 )
@@ -45,14 +48,17 @@ async def migrate(
     *,
     dry_run: bool = False,
     on_step: MigrationHook | None = None,
+    tables: Sequence[ComponentTables] = (),
 ) -> list[Migration]:
     """Apply every pending step (or, with `dry_run`, only list them); the steps applied.
 
-    `conn` must autocommit: each step commits on its own.
+    `conn` must autocommit: each step commits on its own. `tables` names the
+    tables of components that are not to have their default names (one each).
     """
-    tables = Tables(settings)
-    statements = VersionSql.of(tables)
-    steps = pending(settings, await read_versions(conn, tables) or {})
+    journal = Tables(settings)
+    installed = {each.component.name: each for each in installation(journal, tables)}
+    statements = VersionSql.of(journal)
+    steps = pending(await read_versions(conn, journal) or {}, list(installed.values()))
     if dry_run:
         return steps
     applied = []
@@ -62,10 +68,11 @@ async def migrate(
             await conn.execute(statements.create)
             cur = await conn.execute(statements.read)
             current = {str(c): int(v) for c, v in await cur.fetchall()}
-            key = step.component.key(settings)
+            each = installed[step.component.name]
+            key = each.key
             if current.get(key, 0) >= step.number:
                 continue  # another deploy applied it while this one waited for the lock
-            await conn.execute(step.statement(settings))
+            await conn.execute(step.statement(each.tables))
             await conn.execute(statements.record, (key, step.number, release()))
         applied.append(step)
         if on_step is not None:
@@ -75,7 +82,8 @@ async def migrate(
 
 async def check_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
     """`SchemaNotInitialized` if there is no journal table, `SchemaOutdated` /
-    `SchemaTooNew` unless every installed component is at this release's version."""
+    `SchemaTooNew` unless every installed component is at this release's version
+    (every installation of a component in the schema, as its names are not known here)."""
     cur = await conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
     row = await cur.fetchone()
     if not (row and row[0]):
@@ -85,4 +93,4 @@ async def check_schema(conn: AsyncConnection[Any], tables: Tables) -> None:
         raise SchemaOutdated(
             tables.settings.schema, "no schema version recorded: created by release 0.1.0"
         )
-    check_versions(tables.settings, versions)
+    check_versions(tables.schema_name, versions, installation(tables))

@@ -26,6 +26,7 @@ from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
 from journal.rows import row_to_envelope
+from journal.schema import ComponentTables
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
@@ -157,10 +158,15 @@ class SyncJournal:
         self.pool.close()
 
     @translate_errors
-    def create_schema(self) -> None:
-        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`)."""
+    def create_schema(self, *, tables: Sequence[ComponentTables] = ()) -> None:
+        """Apply the pending schema migrations (idempotent; see `slicejournal migrate`).
+
+        Every installed component's tables get their default names unless
+        `tables` names them (one `ComponentTables` per component, built by
+        the package that owns them).
+        """
         with self.pool.connection() as conn:
-            migrate(conn, self.settings)
+            migrate(conn, self.settings, tables=tables)
 
     # -- write side -------------------------------------------------------
 

@@ -11,6 +11,7 @@ journal makes when it opens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import Connection
@@ -19,10 +20,12 @@ from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import SchemaOutdated
 from journal.schema import (
     MIGRATION_LOCK_KEY,
+    ComponentTables,
     Migration,
     MigrationHook,
     VersionSql,
     check_versions,
+    installation,
     pending,
     release,
 )
@@ -47,14 +50,17 @@ def migrate(
     *,
     dry_run: bool = False,
     on_step: MigrationHook | None = None,
+    tables: Sequence[ComponentTables] = (),
 ) -> list[Migration]:
     """Apply every pending step (or, with `dry_run`, only list them); the steps applied.
 
-    `conn` must autocommit: each step commits on its own.
+    `conn` must autocommit: each step commits on its own. `tables` names the
+    tables of components that are not to have their default names (one each).
     """
-    tables = Tables(settings)
-    statements = VersionSql.of(tables)
-    steps = pending(settings, read_versions(conn, tables) or {})
+    journal = Tables(settings)
+    installed = {each.component.name: each for each in installation(journal, tables)}
+    statements = VersionSql.of(journal)
+    steps = pending(read_versions(conn, journal) or {}, list(installed.values()))
     if dry_run:
         return steps
     applied = []
@@ -64,10 +70,11 @@ def migrate(
             conn.execute(statements.create)
             cur = conn.execute(statements.read)
             current = {str(c): int(v) for c, v in cur.fetchall()}
-            key = step.component.key(settings)
+            each = installed[step.component.name]
+            key = each.key
             if current.get(key, 0) >= step.number:
                 continue  # another deploy applied it while this one waited for the lock
-            conn.execute(step.statement(settings))
+            conn.execute(step.statement(each.tables))
             conn.execute(statements.record, (key, step.number, release()))
         applied.append(step)
         if on_step is not None:
@@ -77,7 +84,8 @@ def migrate(
 
 def check_schema(conn: Connection[Any], tables: Tables) -> None:
     """`SchemaNotInitialized` if there is no journal table, `SchemaOutdated` /
-    `SchemaTooNew` unless every installed component is at this release's version."""
+    `SchemaTooNew` unless every installed component is at this release's version
+    (every installation of a component in the schema, as its names are not known here)."""
     cur = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
     row = cur.fetchone()
     if not (row and row[0]):
@@ -87,4 +95,4 @@ def check_schema(conn: Connection[Any], tables: Tables) -> None:
         raise SchemaOutdated(
             tables.settings.schema, "no schema version recorded: created by release 0.1.0"
         )
-    check_versions(tables.settings, versions)
+    check_versions(tables.schema_name, versions, installation(tables))

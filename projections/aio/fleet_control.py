@@ -17,7 +17,6 @@ from datetime import datetime
 
 from journal.aio.flavour import sleep
 from journal.aio.journal import Journal
-from journal.connection import translate_errors
 from journal.errors import JournalError
 from journal.slices import SliceRange, slice_ranges
 from projections.aio.management import ProjectionManagement
@@ -27,17 +26,22 @@ from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus, LeaseStatus
 from projections.management import check_timestamp
 from projections.names import validate_name
+from projections.settings import ProjectionTableNames
+from projections.tables import translate_projection_errors
 
 
 class FleetControl:
     """Scale a fleet, read its status, move its offsets — by projection name."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, *, tables: ProjectionTableNames | None = None) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the workers' projections' `ProjectionSettings.tables`)."""
         self._journal = journal
-        self._sql = FleetSql(journal.tables)
-        self._management = ProjectionManagement(journal)
+        self._management = ProjectionManagement(journal, tables=tables)
+        self.tables = self._management.tables
+        self._sql = FleetSql(self.tables)
 
-    @translate_errors
+    @translate_projection_errors
     async def scale(self, name: str, instances: int) -> bool:
         """Store the desired instance count (a divisor of 1024); True if it changed.
 
@@ -55,7 +59,7 @@ class FleetControl:
                 raise UnknownProjection(name)
         return False
 
-    @translate_errors
+    @translate_projection_errors
     async def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
@@ -101,7 +105,7 @@ class FleetControl:
         return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
                            leftovers)  # fmt: skip
 
-    @translate_errors
+    @translate_projection_errors
     async def wait_converged(
         self,
         name: str,
@@ -138,14 +142,14 @@ class FleetControl:
                 )
             await sleep(interval)
 
-    @translate_errors
+    @translate_projection_errors
     async def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
         await self._rewrite(name, slices, check_timestamp(timestamp))
 
-    @translate_errors
+    @translate_projection_errors
     async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
         await self._rewrite(name, slices, None)
@@ -153,7 +157,7 @@ class FleetControl:
     async def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
         validate_name(name)
         SliceRange.check(slices, "slices")
-        dao = OffsetDao(self._journal.tables, name)
+        dao = OffsetDao(self.tables, name)
         async with self._journal.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.lock_fleet, (name,))
             # Revoke every lease sharing a slice: waits for their fenced transactions in

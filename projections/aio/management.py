@@ -18,7 +18,6 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal.aio.journal import Journal
-from journal.connection import translate_errors
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from projections.aio.offset_dao import OffsetDao, range_is_paused, read_backlog
 from projections.backlog import Backlog
@@ -31,14 +30,19 @@ from projections.management import (
 )
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
+from projections.settings import ProjectionTableNames
+from projections.tables import projection_tables, translate_projection_errors
 
 
 class ProjectionManagement:
     """Pause, resume, set or clear offsets, read status — by projection name."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, *, tables: ProjectionTableNames | None = None) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the projections' `ProjectionSettings.tables`)."""
         self._journal = journal
-        self._sql = ManagementSql(journal.tables)
+        self.tables = projection_tables(journal.tables, tables)
+        self._sql = ManagementSql(self.tables)
 
     async def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
         key = ALL_RANGES if slices is None else SliceRange.check(slices).key
@@ -47,24 +51,24 @@ class ProjectionManagement:
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
             )
 
-    @translate_errors
+    @translate_projection_errors
     async def pause(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Pause every instance of the projection (or only the one for `slice_range`)."""
         await self._set_paused(name, slice_range, True)
 
-    @translate_errors
+    @translate_projection_errors
     async def resume(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Undo `pause` (for the same scope)."""
         await self._set_paused(name, slice_range, False)
 
-    @translate_errors
+    @translate_projection_errors
     async def is_paused(self, name: str, slice_range: SliceRange) -> bool:
         """True if the projection as a whole, or a paused range overlapping this one, is."""
         validate_name(name)
         async with self._journal.pool.connection() as conn:
             return await range_is_paused(conn, self._sql, name, SliceRange.check(slice_range))
 
-    @translate_errors
+    @translate_projection_errors
     async def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
@@ -75,11 +79,11 @@ class ProjectionManagement:
         check_timestamp(timestamp)
         SliceRange.check(slices, "slices")
         async with self._journal.pool.connection() as conn, conn.transaction():
-            await OffsetDao(self._journal.tables, validate_name(name)).set_start(
+            await OffsetDao(self.tables, validate_name(name)).set_start(
                 conn, slices.key, slices, timestamp
             )
 
-    @translate_errors
+    @translate_projection_errors
     async def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the projection's offsets: it restarts from the beginning of the journal.
 
@@ -87,9 +91,9 @@ class ProjectionManagement:
         """
         SliceRange.check(slices, "slices")
         async with self._journal.pool.connection() as conn:
-            await OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
+            await OffsetDao(self.tables, validate_name(name)).clear(conn, slices)
 
-    @translate_errors
+    @translate_projection_errors
     async def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
@@ -118,7 +122,7 @@ class ProjectionManagement:
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
-    @translate_errors
+    @translate_projection_errors
     async def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
         long the oldest has waited (0 when caught up, however quiet the journal)."""
@@ -129,7 +133,7 @@ class ProjectionManagement:
                 conn, self._sql, name, entity_type, SliceRange.check(slice_range)
             )
 
-    @translate_errors
+    @translate_projection_errors
     async def require_known(self, name: str) -> None:
         """`UnknownProjection` unless the projection stored an offset, was paused or
         resumed, dead-lettered an envelope or had a fleet worker."""
@@ -142,7 +146,7 @@ class ProjectionManagement:
         if not (await cur.fetchone() or (False,))[0]:
             raise UnknownProjection(name)
 
-    @translate_errors
+    @translate_projection_errors
     async def dead_letters(self, name: str) -> list[DeadLetter]:
         """Envelopes the projection skipped, with their errors."""
         async with self._journal.pool.connection() as conn:

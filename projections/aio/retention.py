@@ -17,7 +17,6 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal.aio.journal import Journal
-from journal.connection import translate_errors
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from projections.errors import UnknownProjection
@@ -36,20 +35,31 @@ from projections.retention import (
     summarize,
 )
 from projections.retention_sql import START, RetentionSql
+from projections.settings import ProjectionTableNames
+from projections.tables import projection_tables, translate_projection_errors
 
 
 class Retention:
     """Deletes old events of an entity type, never one a projection has not consumed;
     registers and retires the projections that hold it back."""
 
-    def __init__(self, journal: Journal, settings: RetentionSettings | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        settings: RetentionSettings | None = None,
+        *,
+        tables: ProjectionTableNames | None = None,
+    ) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the projections' `ProjectionSettings.tables`)."""
         if settings is not None and not isinstance(settings, RetentionSettings):
             raise InvalidArgument(f"settings must be RetentionSettings, got {settings!r}")
         self._journal = journal
         self.settings = settings or RetentionSettings()
-        self._sql = RetentionSql(journal.tables)
+        self.tables = projection_tables(journal.tables, tables)
+        self._sql = RetentionSql(self.tables)
 
-    @translate_errors
+    @translate_projection_errors
     async def apply(
         self, policy: RetentionPolicy, *, dry_run: bool = False, ranges: int = 8
     ) -> RetentionReport:
@@ -136,7 +146,7 @@ class Retention:
             if cur.rowcount < self.settings.batch_size:
                 return removed
 
-    @translate_errors
+    @translate_projection_errors
     async def projections(self) -> list[ProjectionInfo]:
         """Every projection retention knows of (with offsets or in the registry): how it
         is registered, its entity type and slices, its earliest offset, whether paused."""
@@ -165,7 +175,7 @@ class Retention:
             )
         return out
 
-    @translate_errors
+    @translate_projection_errors
     async def register(
         self, name: str, entity_type: str, slice_range: SliceRange = SliceRange.FULL
     ) -> None:
@@ -181,7 +191,7 @@ class Retention:
             await self._one(conn, self._sql.lock(exclusive=True))
             await conn.execute(self._sql.register, (name, entity_type, r.min_slice, r.max_slice))
 
-    @translate_errors
+    @translate_projection_errors
     async def retire(self, name: str) -> None:
         """Retire a projection: it stops holding retention at once, and the next
         `apply` deletes its offset rows (`register` brings it back before that; after,

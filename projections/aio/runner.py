@@ -49,6 +49,7 @@ from journal.aio.flavour import (
     wait_event,
 )
 from journal.aio.journal import Journal
+from journal.connection import schema_errors
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -78,6 +79,7 @@ from projections.management_sql import ManagementSql
 from projections.names import check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
+from projections.tables import ProjectionTables
 from projections.telemetry import (
     NO_INSTANCE_TELEMETRY,
     InstanceTelemetry,
@@ -146,8 +148,9 @@ class Projection:
         self.query_settings = query_settings
         self.stats = ProjectionStats()
         self._handler = handler
-        self._dao = OffsetDao(journal.tables, self.name)
-        self._management = ManagementSql(journal.tables)
+        self.tables = ProjectionTables(journal.tables, self.settings.tables)
+        self._dao = OffsetDao(self.tables, self.name)
+        self._management = ManagementSql(self.tables)
         self._reads = CoreReads(
             journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
         )
@@ -251,6 +254,12 @@ class Projection:
         instance stored already fails the transaction with `OffsetConflict`,
         never applied twice. Returns the instance's counters.
         """
+        # The journal's pool knows only the journal's tables; a missing one of the
+        # projections' is `SchemaNotInitialized` too.
+        with schema_errors(self.tables):
+            return await self._run(fence, until_caught_up)
+
+    async def _run(self, fence: Fence | None, until_caught_up: bool) -> ProjectionStats:
         if self._running:
             raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
@@ -496,7 +505,7 @@ class Projection:
 
     def _raise_offset_failure(self, error: Exception) -> None:
         """A lost lease or an offset conflict ends the instance at once: no retry can help."""
-        failure = offset_error(error, self.journal.tables, f"{self.name} {self.key}")
+        failure = offset_error(error, self.tables, f"{self.name} {self.key}")
         if failure is not None:
             self._core.failed()
             _log.error("%s", failure, extra=self._extra("failed", error=str(failure)))

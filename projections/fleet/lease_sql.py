@@ -22,8 +22,8 @@ from typing import Any
 from psycopg import sql
 
 from journal.slices import NUMBER_OF_SLICES, SliceRange
-from journal.tables import Tables
 from projections.fleet.assignment import LeaseRow
+from projections.tables import ProjectionTables
 
 _EPOCH_SECONDS = "extract(epoch FROM {})::float8"
 
@@ -31,7 +31,7 @@ _EPOCH_SECONDS = "extract(epoch FROM {})::float8"
 class FleetSql:
     """Statements of the fleet tables of one journal installation."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: ProjectionTables) -> None:
         f, w, lease = tables.fleet, tables.fleet_worker, tables.lease
         now = sql.SQL(_EPOCH_SECONDS.format("clock_timestamp()"))
         # The stored count wins: `--instances` only seeds a projection seen for the first time.

@@ -39,6 +39,7 @@ import attrs
 import psycopg
 
 from journal import Journal, SliceRange, slice_ranges
+from journal.connection import schema_errors
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
@@ -153,7 +154,9 @@ class FleetWorker:
         self.instances: dict[SliceRange, HeldRange] = {}
         # Ranges whose instance stopped but whose lease this worker still holds.
         self._parked: dict[SliceRange, int] = {}
-        self._sql = FleetSql(journal.tables)
+        # The fleet tables are named by the projections' settings (`ProjectionTables`).
+        self.tables = probe.tables
+        self._sql = FleetSql(self.tables)
         self._stop = asyncio.Event()
         # For `ready()`: when the heartbeat and leases were last renewed, and the ranges
         # the last plan gave this worker.
@@ -173,18 +176,19 @@ class FleetWorker:
         their batches, save offsets, release the leases and leave."""
         _log.info("worker %s joins projection %s", self.me, self.name,
                   extra=self._extra("worker_started"))  # fmt: skip
-        await self._register()
-        renew = asyncio.create_task(self._every(self.settings.renew_interval, self._renew))
-        try:
-            await self._every(self.settings.poll_interval, self._rebalance)
-        finally:
-            # Instances first, while their leases are still renewed: a slow final
-            # batch must not outlive its lease and lose its offsets to the fence.
-            await self._stop_all()
-            renew.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renew
-            await self._leave()
+        with schema_errors(self.tables):  # the fleet's tables, which the pool does not know
+            await self._register()
+            renew = asyncio.create_task(self._every(self.settings.renew_interval, self._renew))
+            try:
+                await self._every(self.settings.poll_interval, self._rebalance)
+            finally:
+                # Instances first, while their leases are still renewed: a slow final
+                # batch must not outlive its lease and lose its offsets to the fence.
+                await self._stop_all()
+                renew.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renew
+                await self._leave()
 
     async def _register(self) -> None:
         ttl = self.settings.ttl_ms

@@ -34,7 +34,7 @@ from journal.tables import Tables
 from projections.management import check_timestamp
 from projections.names import check_instance, validate_name
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
-from projections.settings import ProjectionSettings
+from projections.settings import ProjectionSettings, ProjectionTableNames
 from projections.spark.checkpoint import query_id
 from projections.spark.leases import (
     DEFAULT_LEASE_TTL,
@@ -48,6 +48,7 @@ from projections.spark.sink import PartitionApplier, SparkHandler
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
 from projections.sync.offset_dao import OffsetDao
+from projections.tables import projection_tables
 from projections.telemetry import NO_TELEMETRY, Telemetry, telemetry_for_runner
 
 _log = logging.getLogger("slicejournal.projections.spark")
@@ -141,11 +142,18 @@ def _writer_format(spark: SparkSession, applier: PartitionApplier) -> str:
 
 
 def store_start(
-    dsn: str, settings: JournalSettings, name: str, slice_range: SliceRange
+    dsn: str,
+    settings: JournalSettings,
+    name: str,
+    slice_range: SliceRange,
+    *,
+    tables: ProjectionTableNames | None = None,
 ) -> datetime | None:
-    """Where the offset store says a run over `slice_range` resumes (None: the start)."""
-    dao = OffsetDao(Tables(settings), name)
-    with open_connection(dsn, settings) as conn, schema_errors(Tables(settings)):
+    """Where the offset store says a run over `slice_range` resumes (None: the start).
+    `tables`: the names of the projections' tables, if not the defaults."""
+    t = projection_tables(Tables(settings), tables)
+    dao = OffsetDao(t, name)
+    with open_connection(dsn, settings) as conn, schema_errors(t):
         records = dao.load(conn, slice_range)
     offset = OffsetState(ProjectionSettings().time_window, records).start_offset(slice_range)
     return None if offset is None else offset.timestamp
@@ -196,22 +204,24 @@ def project(
         raise InvalidArgument("checkpoint_location must be a non-empty path")
     settings = settings or JournalSettings()
     ranges = slice_range.split(num_partitions)
-    start = store_start(dsn, settings, name, slice_range)
+    applier = _applier(
+        dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
+    )
+    names = applier.projection_settings.tables
+    start = store_start(dsn, settings, name, slice_range, tables=names)
     options = _source_options(
         dsn, settings, entity_type, slice_range, num_partitions,
         maxEventsPerTrigger=max_events_per_trigger,
         startingTimestamp=None if start is None else start.isoformat(),
     )  # fmt: skip
-    applier = _applier(
-        dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
-    )
     register(spark)
     # A Connect session's checkpoints live on its server: the id is known only after start.
     known_id = None if is_connect_session(spark) else query_id(checkpoint_location)
     owner = spark_owner(query_id=known_id)
     leases = SparkLeases(
-        dsn, settings, name, ranges, owner=owner, ttl=lease_ttl, entity_type=entity_type
-    )
+        dsn, settings, name, ranges, owner=owner, ttl=lease_ttl, entity_type=entity_type,
+        tables=names,
+    )  # fmt: skip
     applier = attrs.evolve(applier, fences=leases.acquire(lease_wait))
 
     try:
@@ -240,6 +250,7 @@ def project(
             backlog_interval=(projection_settings or ProjectionSettings())
             .backlog_sample_interval.total_seconds(),
             holder=owner, epochs=tuple(f.epoch for f in applier.fences), released=leases.join,
+            tables=names,
         ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query
@@ -324,14 +335,15 @@ def rebuild(
     )  # fmt: skip
     register(spark)
     leases = SparkLeases(
-        dsn, settings, name, ranges, owner=spark_owner("spark-rebuild"), ttl=lease_ttl
-    )
+        dsn, settings, name, ranges, owner=spark_owner("spark-rebuild"), ttl=lease_ttl,
+        tables=applier.projection_settings.tables,
+    )  # fmt: skip
     leases.acquire(lease_wait)
     try:
         leases.keep_alive(lambda: True, lambda: None)
         with open_connection(dsn, settings) as conn, conn.transaction():
             _create_staging(conn, staging, name, targets)
-            dao = OffsetDao(Tables(settings), stage_name)
+            dao = OffsetDao(leases.tables, stage_name)
             dao.clear(conn, slice_range)
         df = spark.read.format("slicejournal").options(**options).load()
         applier = attrs.evolve(applier, fences=leases.fences)
@@ -409,7 +421,7 @@ def _swap(
 ) -> int:
     """One transaction: the read model, the offsets and the markers at `up_to`, or nothing.
     Returns how many events the rebuild applied (its offset rows)."""
-    t = Tables(settings)
+    t = leases.tables
     for fence in leases.fences:  # still ours, and nobody may take them until we commit
         conn.execute(*fence.statement(t))
     for schema, table in targets:

@@ -35,7 +35,9 @@ from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.fencing import Fence
 from projections.fleet.lease_sql import FleetSql
+from projections.settings import ProjectionTableNames
 from projections.sync.leases import claim_range, lock_claims, release_lease, renew_leases
+from projections.tables import projection_tables
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -70,9 +72,11 @@ class SparkLeases:
         owner: str,
         ttl: timedelta = DEFAULT_LEASE_TTL,
         entity_type: str | None = None,
+        tables: ProjectionTableNames | None = None,
     ) -> None:
         """`entity_type`: register the projection for `status` if no fleet has (a
-        rebuild, which is not a running projection, passes none)."""
+        rebuild, which is not a running projection, passes none). `tables`: the
+        names of the projections' tables, if not the defaults."""
         self.dsn = dsn
         self.entity_type = entity_type
         self.settings = settings
@@ -81,7 +85,8 @@ class SparkLeases:
         self.owner = owner
         self.ttl_ms = max(1, int(ttl.total_seconds() * 1000))
         self.fences: tuple[Fence, ...] = ()
-        self._sql = FleetSql(Tables(settings))
+        self.tables = projection_tables(Tables(settings), tables)
+        self._sql = FleetSql(self.tables)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -48,6 +48,7 @@ from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
 from projections.sync.core_io import CoreReads
 from projections.sync.offset_dao import OffsetDao
+from projections.tables import ProjectionTables
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -132,7 +133,7 @@ class _PartitionRun:
         self.range = r
         self.key = r.key
         self.fence = fence
-        self.tables = Tables(applier.settings)
+        self.tables = ProjectionTables(Tables(applier.settings), applier.projection_settings.tables)
         self.registry = applier.registry()
         self.dao = OffsetDao(self.tables, applier.offset_name)
         self.where = f"{applier.offset_name} {self.key} (spark)"
@@ -148,7 +149,9 @@ class _PartitionRun:
     def start(self, conn: Connection[Any]) -> None:
         self.core.start(self.dao.load(conn, self.range))
         # The core's reads run on this partition's connection, inside its transaction.
-        self.reads = CoreReads(self.tables, self.registry, conn=conn, offsets=self.dao.sql)
+        self.reads = CoreReads(
+            self.tables.journal_tables, self.registry, conn=conn, offsets=self.dao.sql
+        )
 
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
         """Everything of `batches` in one transaction: handler writes, offset rows, markers."""

@@ -25,7 +25,9 @@ from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.management_sql import ManagementSql
+from projections.settings import ProjectionTableNames
 from projections.sync.offset_dao import read_backlog
+from projections.tables import projection_tables
 from projections.telemetry import InstanceTelemetry, Telemetry
 
 _log = logging.getLogger("slicejournal.projections.spark")
@@ -66,11 +68,13 @@ class SparkQueryTelemetry:
         holder: str | None = None,
         epochs: tuple[int, ...] = (),
         released: Callable[[float], None] | None = None,
+        tables: ProjectionTableNames | None = None,
     ) -> None:
         """`holder`: the lease owner (`spark:<query id>`), reported with the `epochs` of
         the `ranges`' leases as claimed when watching starts and released when it ends.
         `released(timeout)` waits until the leases are given back, so the report never
-        runs ahead of the lease table (`status` read after it shows the ranges free)."""
+        runs ahead of the lease table (`status` read after it shows the ranges free).
+        `tables`: the names of the projections' tables, if not the defaults."""
         self.name = name
         self._telemetry = telemetry
         self._holder = holder
@@ -81,7 +85,7 @@ class SparkQueryTelemetry:
         self.ranges = {r: telemetry.instance(name, r.key, "spark") for r in ranges}
         self._dsn = dsn
         self._settings = settings
-        self._statements = ManagementSql(Tables(settings))
+        self._statements = ManagementSql(projection_tables(Tables(settings), tables))
         self._backlog_interval = backlog_interval
         self._thread: threading.Thread | None = None
 

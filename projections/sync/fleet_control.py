@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from journal.connection import translate_errors
 from journal.errors import JournalError
 from journal.slices import SliceRange, slice_ranges
 from journal.sync.flavour import sleep
@@ -27,19 +26,24 @@ from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus, LeaseStatus
 from projections.management import check_timestamp
 from projections.names import validate_name
+from projections.settings import ProjectionTableNames
 from projections.sync.management import SyncProjectionManagement
 from projections.sync.offset_dao import OffsetDao
+from projections.tables import translate_projection_errors
 
 
 class SyncFleetControl:
     """Scale a fleet, read its status, move its offsets — by projection name."""
 
-    def __init__(self, journal: SyncJournal) -> None:
+    def __init__(self, journal: SyncJournal, *, tables: ProjectionTableNames | None = None) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the workers' projections' `ProjectionSettings.tables`)."""
         self._journal = journal
-        self._sql = FleetSql(journal.tables)
-        self._management = SyncProjectionManagement(journal)
+        self._management = SyncProjectionManagement(journal, tables=tables)
+        self.tables = self._management.tables
+        self._sql = FleetSql(self.tables)
 
-    @translate_errors
+    @translate_projection_errors
     def scale(self, name: str, instances: int) -> bool:
         """Store the desired instance count (a divisor of 1024); True if it changed.
 
@@ -57,7 +61,7 @@ class SyncFleetControl:
                 raise UnknownProjection(name)
         return False
 
-    @translate_errors
+    @translate_projection_errors
     def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
@@ -103,7 +107,7 @@ class SyncFleetControl:
         return FleetStatus(name, entity_type, instances, ttl_ms / 1000, workers, tuple(out),
                            leftovers)  # fmt: skip
 
-    @translate_errors
+    @translate_projection_errors
     def wait_converged(
         self,
         name: str,
@@ -140,14 +144,14 @@ class SyncFleetControl:
                 )
             sleep(interval)
 
-    @translate_errors
+    @translate_projection_errors
     def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
         """Resume the projection at `timestamp` for these slices, on a live fleet too."""
         self._rewrite(name, slices, check_timestamp(timestamp))
 
-    @translate_errors
+    @translate_projection_errors
     def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the offsets of these slices (they restart from the beginning), live too."""
         self._rewrite(name, slices, None)
@@ -155,7 +159,7 @@ class SyncFleetControl:
     def _rewrite(self, name: str, slices: SliceRange, timestamp: datetime | None) -> None:
         validate_name(name)
         SliceRange.check(slices, "slices")
-        dao = OffsetDao(self._journal.tables, name)
+        dao = OffsetDao(self.tables, name)
         with self._journal.pool.connection() as conn, conn.transaction():
             conn.execute(self._sql.lock_fleet, (name,))
             # Revoke every lease sharing a slice: waits for their fenced transactions in

@@ -19,7 +19,6 @@ from typing import Any
 
 from psycopg import Connection
 
-from journal.connection import translate_errors
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
 from projections.backlog import Backlog
@@ -32,15 +31,20 @@ from projections.management import (
 )
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
+from projections.settings import ProjectionTableNames
 from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog
+from projections.tables import projection_tables, translate_projection_errors
 
 
 class SyncProjectionManagement:
     """Pause, resume, set or clear offsets, read status — by projection name."""
 
-    def __init__(self, journal: SyncJournal) -> None:
+    def __init__(self, journal: SyncJournal, *, tables: ProjectionTableNames | None = None) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the projections' `ProjectionSettings.tables`)."""
         self._journal = journal
-        self._sql = ManagementSql(journal.tables)
+        self.tables = projection_tables(journal.tables, tables)
+        self._sql = ManagementSql(self.tables)
 
     def _set_paused(self, name: str, slices: SliceRange | None, paused: bool) -> None:
         key = ALL_RANGES if slices is None else SliceRange.check(slices).key
@@ -49,24 +53,24 @@ class SyncProjectionManagement:
                 self._sql.upsert, (validate_name(name), key, paused, int(time.time() * 1000))
             )
 
-    @translate_errors
+    @translate_projection_errors
     def pause(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Pause every instance of the projection (or only the one for `slice_range`)."""
         self._set_paused(name, slice_range, True)
 
-    @translate_errors
+    @translate_projection_errors
     def resume(self, name: str, slice_range: SliceRange | None = None) -> None:
         """Undo `pause` (for the same scope)."""
         self._set_paused(name, slice_range, False)
 
-    @translate_errors
+    @translate_projection_errors
     def is_paused(self, name: str, slice_range: SliceRange) -> bool:
         """True if the projection as a whole, or a paused range overlapping this one, is."""
         validate_name(name)
         with self._journal.pool.connection() as conn:
             return range_is_paused(conn, self._sql, name, SliceRange.check(slice_range))
 
-    @translate_errors
+    @translate_projection_errors
     def set_offset(
         self, name: str, timestamp: datetime, slices: SliceRange = SliceRange.FULL
     ) -> None:
@@ -77,11 +81,11 @@ class SyncProjectionManagement:
         check_timestamp(timestamp)
         SliceRange.check(slices, "slices")
         with self._journal.pool.connection() as conn, conn.transaction():
-            OffsetDao(self._journal.tables, validate_name(name)).set_start(
+            OffsetDao(self.tables, validate_name(name)).set_start(
                 conn, slices.key, slices, timestamp
             )
 
-    @translate_errors
+    @translate_projection_errors
     def clear_offset(self, name: str, slices: SliceRange = SliceRange.FULL) -> None:
         """Forget the projection's offsets: it restarts from the beginning of the journal.
 
@@ -89,9 +93,9 @@ class SyncProjectionManagement:
         """
         SliceRange.check(slices, "slices")
         with self._journal.pool.connection() as conn:
-            OffsetDao(self._journal.tables, validate_name(name)).clear(conn, slices)
+            OffsetDao(self.tables, validate_name(name)).clear(conn, slices)
 
-    @translate_errors
+    @translate_projection_errors
     def status(
         self, name: str, entity_type: str, ranges: Sequence[SliceRange] | int = 1
     ) -> list[RangeStatus]:
@@ -120,7 +124,7 @@ class SyncProjectionManagement:
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
-    @translate_errors
+    @translate_projection_errors
     def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
         long the oldest has waited (0 when caught up, however quiet the journal)."""
@@ -129,7 +133,7 @@ class SyncProjectionManagement:
         with self._journal.pool.connection() as conn:
             return read_backlog(conn, self._sql, name, entity_type, SliceRange.check(slice_range))
 
-    @translate_errors
+    @translate_projection_errors
     def require_known(self, name: str) -> None:
         """`UnknownProjection` unless the projection stored an offset, was paused or
         resumed, dead-lettered an envelope or had a fleet worker."""
@@ -142,7 +146,7 @@ class SyncProjectionManagement:
         if not (cur.fetchone() or (False,))[0]:
             raise UnknownProjection(name)
 
-    @translate_errors
+    @translate_projection_errors
     def dead_letters(self, name: str) -> list[DeadLetter]:
         """Envelopes the projection skipped, with their errors."""
         with self._journal.pool.connection() as conn:

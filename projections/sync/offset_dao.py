@@ -20,18 +20,18 @@ from psycopg import Connection, RawCursor
 
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
-from journal.tables import Tables
 from projections.backlog import DEFAULT_SIZE_CAP, Backlog, measure
 from projections.fencing import Fence
 from projections.management_sql import ManagementSql, pauses
 from projections.offset_sql import OffsetSql, Statement, records_of
 from projections.offset_store import Record
+from projections.tables import ProjectionTables
 
 
 class OffsetDao:
     """Executes offset store statements for one projection name (sync driver)."""
 
-    def __init__(self, tables: Tables, projection_name: str) -> None:
+    def __init__(self, tables: ProjectionTables, projection_name: str) -> None:
         self.name = projection_name
         self.sql = OffsetSql(tables, projection_name)
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from psycopg import Connection
 
-from journal.connection import translate_errors
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
@@ -38,20 +37,31 @@ from projections.retention import (
     summarize,
 )
 from projections.retention_sql import START, RetentionSql
+from projections.settings import ProjectionTableNames
+from projections.tables import projection_tables, translate_projection_errors
 
 
 class SyncRetention:
     """Deletes old events of an entity type, never one a projection has not consumed;
     registers and retires the projections that hold it back."""
 
-    def __init__(self, journal: SyncJournal, settings: RetentionSettings | None = None) -> None:
+    def __init__(
+        self,
+        journal: SyncJournal,
+        settings: RetentionSettings | None = None,
+        *,
+        tables: ProjectionTableNames | None = None,
+    ) -> None:
+        """`tables`: the names of the projections' tables, if not the defaults (those of
+        the projections' `ProjectionSettings.tables`)."""
         if settings is not None and not isinstance(settings, RetentionSettings):
             raise InvalidArgument(f"settings must be RetentionSettings, got {settings!r}")
         self._journal = journal
         self.settings = settings or RetentionSettings()
-        self._sql = RetentionSql(journal.tables)
+        self.tables = projection_tables(journal.tables, tables)
+        self._sql = RetentionSql(self.tables)
 
-    @translate_errors
+    @translate_projection_errors
     def apply(
         self, policy: RetentionPolicy, *, dry_run: bool = False, ranges: int = 8
     ) -> RetentionReport:
@@ -138,7 +148,7 @@ class SyncRetention:
             if cur.rowcount < self.settings.batch_size:
                 return removed
 
-    @translate_errors
+    @translate_projection_errors
     def projections(self) -> list[ProjectionInfo]:
         """Every projection retention knows of (with offsets or in the registry): how it
         is registered, its entity type and slices, its earliest offset, whether paused."""
@@ -167,7 +177,7 @@ class SyncRetention:
             )
         return out
 
-    @translate_errors
+    @translate_projection_errors
     def register(
         self, name: str, entity_type: str, slice_range: SliceRange = SliceRange.FULL
     ) -> None:
@@ -183,7 +193,7 @@ class SyncRetention:
             self._one(conn, self._sql.lock(exclusive=True))
             conn.execute(self._sql.register, (name, entity_type, r.min_slice, r.max_slice))
 
-    @translate_errors
+    @translate_projection_errors
     def retire(self, name: str) -> None:
         """Retire a projection: it stops holding retention at once, and the next
         `apply` deletes its offset rows (`register` brings it back before that; after,

@@ -37,6 +37,7 @@ import attrs
 import psycopg
 from psycopg import Connection
 
+from journal.connection import schema_errors
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -80,6 +81,7 @@ from projections.sync.offset_dao import (
     range_is_paused,
     read_backlog,
 )
+from projections.tables import ProjectionTables
 from projections.telemetry import (
     NO_INSTANCE_TELEMETRY,
     InstanceTelemetry,
@@ -148,8 +150,9 @@ class SyncProjection:
         self.query_settings = query_settings
         self.stats = ProjectionStats()
         self._handler = handler
-        self._dao = OffsetDao(journal.tables, self.name)
-        self._management = ManagementSql(journal.tables)
+        self.tables = ProjectionTables(journal.tables, self.settings.tables)
+        self._dao = OffsetDao(self.tables, self.name)
+        self._management = ManagementSql(self.tables)
         self._reads = CoreReads(
             journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
         )
@@ -251,6 +254,12 @@ class SyncProjection:
         instance stored already fails the transaction with `OffsetConflict`,
         never applied twice. Returns the instance's counters.
         """
+        # The journal's pool knows only the journal's tables; a missing one of the
+        # projections' is `SchemaNotInitialized` too.
+        with schema_errors(self.tables):
+            return self._run(fence, until_caught_up)
+
+    def _run(self, fence: Fence | None, until_caught_up: bool) -> ProjectionStats:
         if self._running:
             raise ProjectionError(f"projection {self.name} {self.key} is already running")
         self._running = True
@@ -494,7 +503,7 @@ class SyncProjection:
 
     def _raise_offset_failure(self, error: Exception) -> None:
         """A lost lease or an offset conflict ends the instance at once: no retry can help."""
-        failure = offset_error(error, self.journal.tables, f"{self.name} {self.key}")
+        failure = offset_error(error, self.tables, f"{self.name} {self.key}")
         if failure is not None:
             self._core.failed()
             _log.error("%s", failure, extra=self._extra("failed", error=str(failure)))

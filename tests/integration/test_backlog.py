@@ -19,6 +19,7 @@ import pytest
 from journal import Journal, SliceRange, slice_for, slice_ranges
 from journal.model import EventEnvelope
 from projections import Projection, ProjectionManagement, ProjectionSettings
+from projections.tables import ProjectionTables
 from tests.support.projections import eventually
 
 ENTITY = "Meter"
@@ -208,5 +209,7 @@ async def test_a_range_without_events_has_no_backlog_and_one_never_handled_has_a
     from projections.management_sql import ManagementSql
 
     async with j.pool.connection() as conn:
-        capped = await read_backlog(conn, ManagementSql(j.tables), NAME, ENTITY, lower, cap=5)
+        capped = await read_backlog(
+            conn, ManagementSql(ProjectionTables(j.tables)), NAME, ENTITY, lower, cap=5
+        )
     assert capped.size == 5 and capped.capped

@@ -158,6 +158,24 @@ async def test_a_table_dropped_later_is_schema_not_initialized(
             )
 
 
+async def test_a_projection_table_dropped_later_is_schema_not_initialized(
+    pg_dsn: str, journal: Journal
+) -> None:
+    """The journal's pool knows only the journal's tables; the projections name theirs."""
+    await journal.append("Bank|a", [{"amount": 1}], expected_seq_nr=0)
+    drop_table(pg_dsn, journal.settings.schema, "projection_timestamp_offset_store")
+    where = re.escape(f"{journal.settings.schema}.projection_timestamp_offset_store")
+    with pytest.raises(SchemaNotInitialized, match=where) as info:
+        await ProjectionManagement(journal).clear_offset("p")
+    assert "slicejournal init" in str(info.value)
+    projection = Projection.exactly_once(
+        journal, name="p", entity_type="Bank", slice_range=SliceRange(0, 1023), handler=handler
+    )
+    with pytest.raises(SchemaNotInitialized, match=where):
+        await projection.run(until_caught_up=True)
+    assert await journal.highest_seq_nr("Bank|a") == 1  # the journal itself still works
+
+
 ODD_NAMES = [('we"ird.sch ema', 'ev.ent "journal'), ("Ünïcødé", "Tabelle ü")]
 
 

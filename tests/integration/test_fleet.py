@@ -28,6 +28,7 @@ from projections.aio.fleet_control import FleetControl
 from projections.fencing import Fence
 from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus
+from projections.tables import ProjectionTables
 from tests.support import ROOT, bank
 from tests.support.fleet import NAME, TTL, Fleet
 from tests.support.pg import fast_query_settings, fetch
@@ -173,13 +174,13 @@ async def test_overlapping_instances_without_leases_never_apply_an_event_twice(
 
 async def fetch_offsets(journal: Journal) -> int:
     query = sql.SQL("SELECT count(*) FROM {} WHERE persistence_id <> ''")
-    rows = await fetch(journal.dsn, query.format(journal.tables.offset_store))
+    rows = await fetch(journal.dsn, query.format(ProjectionTables(journal.tables).offset_store))
     return int(rows[0][0])
 
 
 async def claim(journal: Journal, r: SliceRange, owner: str) -> int:
     """Claim (or take over) a lease the way a worker does; returns its epoch."""
-    statements = FleetSql(journal.tables)
+    statements = FleetSql(ProjectionTables(journal.tables))
     connect = psycopg.AsyncConnection.connect(journal.dsn, autocommit=True)
     async with await connect as conn, conn.transaction():
         # FOR UPDATE: waits for a fenced transaction holding the row FOR KEY SHARE.

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
@@ -21,6 +22,8 @@ from projections.fencing import FENCE_SQLSTATE, Fence
 from projections.fleet.lease_sql import FleetSql
 from projections.offset_store import Record
 from projections.retention import RetentionPolicy
+from projections.settings import ProjectionTableNames
+from projections.tables import ProjectionTables
 from tests.support.pg import fetch
 
 
@@ -81,9 +84,9 @@ async def test_hostile_schema_and_table_names(
 ) -> None:
     schema = f"{hostile} {uuid.uuid4().hex[:6]}"
     settings = JournalSettings(
-        schema=schema,
-        journal_table=f"j {hostile}",
-        snapshot_table=f"s {hostile}",
+        schema=schema, journal_table=f"j {hostile}", snapshot_table=f"s {hostile}"
+    )
+    names = ProjectionTableNames(
         offset_table=f"o {hostile}",
         management_table=f"m {hostile}",
         dead_letter_table=f"d {hostile}",
@@ -92,7 +95,11 @@ async def test_hostile_schema_and_table_names(
         lease_table=f"l {hostile} $body$",  # the fence function's body is dollar-quoted
     )
     try:
-        async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+        # The projections' tables under these names only (none under the default names).
+        async with Journal.connect(pg_dsn, settings, check_schema=False) as j:
+            await j.create_schema(tables=[ProjectionTables(j.tables, names)])
+        async with Journal.connect(pg_dsn, settings) as j:  # the version check passes
+            projection_tables = ProjectionTables(j.tables, names)
             pid = "Account|1"
             await j.append(pid, [{"a": 1}, {"a": 2}], expected_seq_nr=0)
             await j.append(pid, [{"a": 3}], expected_seq_nr=2)
@@ -105,14 +112,14 @@ async def test_hostile_schema_and_table_names(
             await j.delete_events_to(pid, 1)
             after_delete = [e.seq_nr async for e in j.current_events_by_persistence_id(pid)]
             # A lease claimed and a fenced offset save: the fence function runs.
-            statements = FleetSql(j.tables)
+            statements = FleetSql(projection_tables)
             r = SliceRange(0, 1023)
             async with j.pool.connection() as conn, conn.transaction():
                 cur = await conn.execute(
                     statements.claim, statements.claim_params("p", r, "me", 60_000)
                 )
                 epoch = (await cur.fetchone() or (0,))[0]
-            dao = OffsetDao(j.tables, "p")
+            dao = OffsetDao(projection_tables, "p")
             fence = Fence("p", r, "me", epoch, 60_000)
             async with j.pool.connection() as conn, conn.transaction():
                 await dao.save(conn, "0-1023", [Record(s, pid, 3, events[2].db_timestamp)], fence)
@@ -125,13 +132,14 @@ async def test_hostile_schema_and_table_names(
             async with j.pool.connection() as conn:
                 saved = await dao.load(conn, r)
             # Retention and the projection registry (a table named after the management one).
-            retention, keep_last = Retention(j), RetentionPolicy("Account", keep_last=1)
+            retention = Retention(j, tables=names)
+            keep_last = RetentionPolicy("Account", keep_last=1)
             await retention.register("p2", "Account")
             held = await retention.apply(keep_last, dry_run=True)
             await retention.retire("p2")
             free = await retention.apply(keep_last, dry_run=True)
             registry = {(i.name, i.registration.value) for i in await retention.projections()}
-            await j.create_schema()  # idempotent under these names too
+            await j.create_schema(tables=[projection_tables])  # idempotent under these names
         assert [e.event for e in events] == [{"a": 1}, {"a": 2}, {"a": 3}]
         assert [e.seq_nr for e in by_slice] == [1, 2, 3]
         assert snap is not None and snap.state == {"sum": 6}
@@ -210,13 +218,33 @@ async def test_hostile_entity_types_and_pids_are_stored_verbatim(
     assert await tables_in(pg_dsn, schema) >= {"event_journal", "snapshot"}
 
 
+def configured(field: str, value: Any, schema: str) -> tuple[JournalSettings, ProjectionTableNames]:
+    """The journal's settings and the projections' table names with `field` (of either)
+    set to `value`; a bad value raises `InvalidSettings` here, before any connection."""
+    if field in attrs.fields_dict(ProjectionTableNames):
+        return JournalSettings(schema=schema), ProjectionTableNames(**{field: value})
+    return JournalSettings(**{"schema": schema, field: value}), ProjectionTableNames()
+
+
+async def create(pg_dsn: str, settings: JournalSettings, names: ProjectionTableNames) -> None:
+    async with Journal.connect(pg_dsn, settings, check_schema=False) as j:
+        await j.create_schema(tables=[ProjectionTables(j.tables, names)])
+
+
 def _too_long() -> list[str]:
     return ["x" * 64, "é" * 32, "😀" * 16, "a" * 62 + "é"]
 
 
 @pytest.mark.parametrize(
     "field",
-    ["schema", "journal_table", "snapshot_table", "offset_table", "management_table"],
+    [
+        "schema",
+        "journal_table",
+        "snapshot_table",
+        "offset_table",
+        "management_table",
+        "lease_table",
+    ],
 )
 async def test_invalid_identifiers_are_rejected_before_anything_is_created(
     pg_dsn: str, field: str
@@ -230,11 +258,9 @@ async def test_invalid_identifiers_are_rejected_before_anything_is_created(
         *(marker + v for v in _too_long()),
     ]
     for bad in bad_values:
-        kwargs: dict[str, Any] = {field: bad}
-        if field != "schema":
-            kwargs["schema"] = f"never_{marker}"
         with pytest.raises(InvalidSettings):
-            JournalSettings(**kwargs)
+            settings, names = configured(field, bad, f"never_{marker}")
+            await create(pg_dsn, settings, names)
     # nothing was created under the name PostgreSQL would have truncated it to
     for bad in bad_values:
         if isinstance(bad, str) and bad and "\x00" not in bad:
@@ -254,11 +280,12 @@ async def test_percent_in_names_is_rejected_before_anything_is_created(
     schema `"$1"`: a different schema, chosen by the placeholder numbering.
     """
     marker = f"pct_{uuid.uuid4().hex[:8]}"
-    kwargs: dict[str, Any] = {"schema": marker, field: f"{name} {marker}"}
     with pytest.raises(InvalidSettings, match="%"):
-        async with Journal.connect(pg_dsn, JournalSettings(**kwargs), create_schema=True):
-            pass
-    assert not await schema_exists(pg_dsn, kwargs["schema"])
+        settings, names = configured(field, f"{name} {marker}", marker)
+        await create(pg_dsn, settings, names)
+    assert not await schema_exists(pg_dsn, marker)
+    if field == "schema":
+        assert not await schema_exists(pg_dsn, f"{name} {marker}")
     assert not await schema_exists(pg_dsn, "$1")
 
 

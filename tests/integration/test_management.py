@@ -37,6 +37,7 @@ from projections import (
 from projections.aio.offset_dao import OffsetDao
 from projections.errors import UnknownProjection
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR
+from projections.tables import ProjectionTables
 from tests.support import bank
 from tests.support.pg import fast_query_settings
 from tests.support.projections import eventually
@@ -132,7 +133,7 @@ async def offset_rows(j: Journal, name: str = NAME) -> list[tuple[int, str, int,
             sql.SQL(
                 "SELECT slice, persistence_id, seq_nr, timestamp_offset FROM {} "
                 "WHERE projection_name = %s ORDER BY slice, timestamp_offset, persistence_id"
-            ).format(j.tables.offset_store),
+            ).format(ProjectionTables(j.tables).offset_store),
             (name,),
         )
         return [(s, p, int(n), ts) for s, p, n, ts in await cur.fetchall()]
@@ -405,7 +406,7 @@ async def test_dead_letters_are_empty_by_default_and_per_projection(
             sql.SQL(
                 "INSERT INTO {} (projection_name, projection_key, slice, persistence_id, "
                 "seq_nr, db_timestamp, error, failed_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-            ).format(j.tables.dead_letter),
+            ).format(ProjectionTables(j.tables).dead_letter),
             ("other", "0-1023", 7, "Bank|x", 3, t, "ValueError: boom", t),
         )
     assert await mgmt.dead_letters(NAME) == []
@@ -448,7 +449,10 @@ async def test_bad_projection_names_are_rejected(bank_journal: Journal, name: An
         )
     # Nothing was written.
     async with await psycopg.AsyncConnection.connect(j.dsn) as conn:
-        for table in (j.tables.management, j.tables.offset_store):
+        for table in (
+            ProjectionTables(j.tables).management,
+            ProjectionTables(j.tables).offset_store,
+        ):
             cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
             assert await cur.fetchone() == (0,)
 
@@ -495,7 +499,10 @@ async def test_dao_cleanup_keeps_each_slices_latest_row(bank_journal: Journal) -
         Record(600, "T|f", 1, at(0)),
         Record(600, "T|f", 2, at(100)),
     ]
-    dao, other = OffsetDao(j.tables, NAME), OffsetDao(j.tables, "other")
+    dao, other = (
+        OffsetDao(ProjectionTables(j.tables), NAME),
+        OffsetDao(ProjectionTables(j.tables), "other"),
+    )
     async with j.pool.connection() as conn:
         await dao.save(conn, "0-1023", rows)
         # Storing an event's offset twice is refused as a whole (another instance

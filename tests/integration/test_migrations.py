@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
@@ -34,8 +35,9 @@ from journal import (
 from journal.aio.migrate import migrate, read_versions
 from journal.schema import components
 from journal.tables import Tables
-from projections import Projection, ProjectionSettings
+from projections import Projection, ProjectionSettings, ProjectionTableNames
 from projections.fleet.lease_sql import FleetSql
+from projections.tables import ProjectionTables
 from tests.support import bank
 from tests.support.pg import fast_query_settings, fetch
 
@@ -49,7 +51,8 @@ def settings_of(schema: str) -> JournalSettings:
 
 def create_as_release_0_1_0(dsn: str, settings: JournalSettings) -> None:
     """What `slicejournal init` of release 0.1.0 did: its two DDL files, in one transaction."""
-    names = Tables(settings).ddl_names()
+    journal = Tables(settings)
+    names = {**journal.ddl_names(), **ProjectionTables(journal).ddl_names()}
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         for name in ("journal.sql", "projections.sql"):
             text = (RELEASE_0_1_0 / name).read_text(encoding="utf-8")
@@ -101,12 +104,12 @@ async def test_a_release_0_1_0_database_migrates_and_keeps_everything(
         await write(old, range(30), 10)
         await old.save_snapshot(bank.account(1), 1, {"balance": 10})
         assert await project_until_caught_up(old) == 30
-        fleet = FleetSql(old.tables)
+        fleet = FleetSql(ProjectionTables(old.tables))
         async with old.pool.connection() as conn:
             await conn.execute(fleet.claim, fleet.claim_params("balances", SliceRange.FULL,
                                                                "old-worker", 60_000))  # fmt: skip
     offsets_before = await fetch(pg_dsn, sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4, 5").format(
-        Tables(settings).offset_store))  # fmt: skip
+        ProjectionTables(Tables(settings)).offset_store))  # fmt: skip
     assert offsets_before
 
     with pytest.raises(SchemaOutdated, match="slicejournal migrate"):
@@ -126,9 +129,11 @@ async def test_a_release_0_1_0_database_migrates_and_keeps_everything(
         snap = await j.load_snapshot(bank.account(1))
         assert snap is not None and snap.state == {"balance": 10}
         after = await fetch(pg_dsn, sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4, 5").format(
-            j.tables.offset_store))  # fmt: skip
+            ProjectionTables(j.tables).offset_store))  # fmt: skip
         assert after == offsets_before
-        leases = await fetch(pg_dsn, sql.SQL("SELECT owner FROM {}").format(j.tables.lease))
+        leases = await fetch(
+            pg_dsn, sql.SQL("SELECT owner FROM {}").format(ProjectionTables(j.tables).lease)
+        )
         assert leases == [("old-worker",)]
         await write(j, range(20, 40), 5)  # 10 known accounts, 10 new ones
         assert await project_until_caught_up(j) == 20  # resumes from the 0.1.0 offsets
@@ -152,7 +157,8 @@ async def test_racing_migrations_apply_every_step_once(pg_dsn: str, schema: str)
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         versions = await read_versions(conn, Tables(settings))
         assert await migrate(conn, settings) == []  # and again: nothing to do
-    assert versions == {c.key(settings): c.head for c in components()}
+    journal = Tables(settings)
+    assert versions == {c.key(c.tables(journal)): c.head for c in components()}
     async with Journal.connect(pg_dsn, settings) as j:
         await j.append("Note|1", [{"n": 1}], expected_seq_nr=0)
 
@@ -225,3 +231,42 @@ async def test_rolling_upgrade_migrate_first_then_workers(pg_dsn: str, schema: s
             group.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await group
+
+
+@pytest.mark.timeout(60)
+async def test_projections_under_other_names_are_migrated_and_checked(
+    pg_dsn: str, schema: str
+) -> None:
+    """The projections name their own tables: created under those names only, and the
+    journal's check (which cannot know them) reads every projections installation."""
+    settings = settings_of(schema)
+    names = ProjectionTableNames(offset_table="offsets", lease_table="leases")
+    async with Journal.connect(pg_dsn, settings, check_schema=False) as j:
+        await j.create_schema(tables=[ProjectionTables(j.tables, names)])
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        versions = await read_versions(conn, Tables(settings))
+    heads = {c.name: c.head for c in components()}
+    assert versions == {
+        "journal(event_journal,snapshot)": heads["journal"],
+        "projections(offsets,projection_management,projection_dead_letter,"
+        "projection_fleet,projection_fleet_worker,leases)": heads["projections"],
+    }
+    async with Journal.connect(pg_dsn, settings) as j:  # at this release: accepted
+        projection = Projection.exactly_once(
+            j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange.FULL,
+            handler=bank.make_handler(j), settings=attrs.evolve(FAST, tables=names),
+        )  # fmt: skip
+        await bank.create_read_model(j)
+        await write(j, range(3), 10)
+        assert (await projection.run(until_caught_up=True)).accepted == 3
+    stored = await fetch(pg_dsn, sql.SQL("SELECT count(*) FROM {}").format(
+        sql.Identifier(schema, "offsets")))  # fmt: skip
+    assert stored[0][0] > 0
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("UPDATE {} SET version = version + 1 WHERE component LIKE 'projections(%%'")
+            .format(Tables(settings).schema_version)
+        )  # fmt: skip
+    with pytest.raises(SchemaTooNew):
+        async with Journal.connect(pg_dsn, settings):
+            pass

@@ -37,6 +37,7 @@ from projections.aio.core_io import reply_to
 from projections.aio.offset_dao import OffsetDao
 from projections.core import StoredOffset
 from projections.offset_store import Record
+from projections.tables import ProjectionTables
 from tests.support import bank
 from tests.support.pg import fast_query_settings
 from tests.support.projections import FAST, assert_exact, eventually
@@ -254,7 +255,7 @@ async def test_cleanup_keeps_each_slices_latest_rows_and_waits_after_consumed(
     # however far slice 2 moves on (Akka #1255). Beside the window, delete_after_consumed
     # keeps rows stored recently (Akka #1396); an unknown pid's row is then found there.
     j = bank_journal
-    dao = OffsetDao(j.tables, "cleanup")
+    dao = OffsetDao(ProjectionTables(j.tables), "cleanup")
     quiet = [Record(1, "Bank|q", n, ts(n)) for n in (1, 2)]
     busy = [Record(2, "Bank|b", n, ts(3600 + 100 * n)) for n in (1, 2, 3)]
     async with j.pool.connection() as conn:

@@ -23,6 +23,7 @@ import pytest
 
 from journal import Journal
 from projections.fleet.lease_sql import FleetSql
+from projections.tables import ProjectionTables
 from tests.support import ROOT
 from tests.support.projections import eventually, journal_settings
 
@@ -254,7 +255,9 @@ async def test_status_watch_stops_cleanly_on_sigint(
     where = ["--dsn", pg_dsn, "--schema", schema]
     settings = journal_settings(schema)
     async with Journal.connect(pg_dsn, settings, create_schema=True) as journal:
-        register = FleetSql(journal.tables).register  # a fleet row, as a worker's would be
+        register = FleetSql(
+            ProjectionTables(journal.tables)
+        ).register  # a fleet row, as a worker's would be
         async with journal.pool.connection() as conn:
             await conn.execute(register, (NAME, ENTITY, 4, 2000))
     watch = popen(["status", NAME, *where, "--watch", "--interval", "0.2"], text=True)

@@ -27,6 +27,7 @@ from projections import (
     ProjectionSettings,
     RecoveryStrategy,
 )
+from projections.tables import ProjectionTables
 from tests.support import ROOT, bank
 from tests.support.projections import (
     FAST,
@@ -361,7 +362,7 @@ async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journa
                     sql.SQL(
                         "SELECT count(*) FILTER (WHERE persistence_id <> ''), "
                         "count(*) FILTER (WHERE persistence_id = '') FROM {}"
-                    ).format(j.tables.offset_store)
+                    ).format(ProjectionTables(j.tables).offset_store)
                 )
                 row = await cur.fetchone()
                 assert row is not None

@@ -29,6 +29,7 @@ from projections import Projection, ProjectionManagement, UnknownProjection
 from projections.aio.retention import Retention
 from projections.retention import Registration, RetentionPolicy, RetentionSettings
 from projections.sync.retention import SyncRetention
+from projections.tables import ProjectionTables
 from tests.support.pg import fetch
 from tests.support.projections import FAST, eventually
 
@@ -173,7 +174,8 @@ async def test_a_registered_projection_holds_everything_until_it_consumes_and_re
     report = await retention.apply(KEEP)
     assert report.events == 23 and report.retired_offsets > 0
     offsets = await fetch(
-        journal.dsn, sql.SQL("SELECT count(*) FROM {}").format(journal.tables.offset_store)
+        journal.dsn,
+        sql.SQL("SELECT count(*) FROM {}").format(ProjectionTables(journal.tables).offset_store),
     )
     assert offsets == [(0,)]
     with pytest.raises(UnknownProjection):

@@ -29,7 +29,8 @@ def test_no_migration_drops_or_rewrites_data(step: object) -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("step", STEPS, ids=str)
 def test_every_placeholder_is_bound(step: object) -> None:
-    statement = step.statement(JournalSettings())  # type: ignore[attr-defined]
+    tables = step.component.tables(Tables(JournalSettings()))  # type: ignore[attr-defined]
+    statement = step.statement(tables)  # type: ignore[attr-defined]
     assert "{" not in statement.as_string(None).replace("{body}", "")
 
 
