@@ -77,6 +77,28 @@ def decode_payloads(
     return event, metadata, None
 
 
+def is_tombstone(ser_id: int | None, manifest: str | None) -> bool:
+    """Whether a row's serializer and manifest are those of `Journal.delete_all`'s tombstone."""
+    return ser_id == TOMBSTONE_SER_ID and manifest == TOMBSTONE_MANIFEST
+
+
+def tombstone_envelope(
+    pid: str,
+    entity_type: str,
+    slice_: int,
+    seq_nr: int,
+    db_timestamp: Any,
+    writer: str,
+    offset: TimestampOffset | None,
+    source: str,
+) -> EventEnvelope:
+    """The envelope of a tombstone: the id was erased; no event, nothing to decode."""
+    return EventEnvelope(
+        pid, entity_type, slice_, seq_nr, db_timestamp, None, None, TOMBSTONE_MANIFEST,
+        (), None, writer, offset, source, None, True,
+    )  # fmt: skip
+
+
 def row_to_envelope(
     row: Row,
     registry: SerializerRegistry,
@@ -100,12 +122,10 @@ def row_to_envelope(
         meta_payload,
         payload,
     ) = row[:ROW_WIDTH]
-    if manifest == TOMBSTONE_MANIFEST and ser_id == TOMBSTONE_SER_ID:
-        # `Journal.delete_all`'s tombstone: the id was erased; nothing to decode.
-        return EventEnvelope(
-            pid, entity_type, slice_, seq_nr, db_timestamp, None, None, manifest,
-            (), None, writer, offset, source, None, True,
-        )  # fmt: skip
+    if is_tombstone(ser_id, manifest):
+        return tombstone_envelope(
+            pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
+        )
     event, metadata, error = decode_payloads(
         registry, pid, seq_nr, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from psycopg import sql
 
-from journal.model import TOMBSTONE_MANIFEST
+from journal.model import TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
 from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
 from journal.rows import COLUMNS, PAYLOAD_COLUMN
 from journal.tables import Tables
@@ -31,8 +31,19 @@ SLICE_RANGE = sql.SQL(
 
 
 _NOT_DELETED_OR_TOMBSTONE = sql.SQL(
-    "(deleted = false OR (event_ser_id = 0 AND event_ser_manifest = %(tombstone)s))"
+    "(deleted = false OR (event_ser_id = %(tombstone_ser_id)s "
+    "AND event_ser_manifest = %(tombstone)s))"
 )
+
+
+def delivered_rows() -> tuple[sql.Composable, dict[str, Any]]:
+    """The condition on the rows every reader of events delivers, and its parameters:
+    not deleted, except `delete_all`'s tombstones, which tell readers an id was erased.
+    (Deletion markers of `delete_events_to` stay out: they stand for deleted events.)"""
+    return _NOT_DELETED_OR_TOMBSTONE, {
+        "tombstone": TOMBSTONE_MANIFEST,
+        "tombstone_ser_id": TOMBSTONE_SER_ID,
+    }
 
 
 def time_bounds(
@@ -62,10 +73,10 @@ def slice_rows(
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT for one slice-range RowsQuery; the last column is the read time."""
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
-    # Deleted rows are skipped, except `delete_all`'s tombstones: they tell readers.
-    where: list[sql.Composable] = [SLICE_RANGE, *bounds, _NOT_DELETED_OR_TOMBSTONE]
+    delivered, delivered_params = delivered_rows()
+    where: list[sql.Composable] = [SLICE_RANGE, *bounds, delivered]
     params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice,
-               "tombstone": TOMBSTONE_MANIFEST}  # fmt: skip
+               **delivered_params}  # fmt: skip
     if query.exclude:
         # Events at exactly the start timestamp that were already emitted.
         where.append(

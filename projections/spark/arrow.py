@@ -20,13 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from journal.model import EventEnvelope
-from journal.rows import PAYLOAD_COLUMN, decode_payloads
+from journal.rows import PAYLOAD_COLUMN, decode_payloads, tombstone_envelope
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
 
 SCHEMA_DDL = (
     "persistence_id string, entity_type string, slice int, seq_nr long, "
     "db_timestamp timestamp, event string, event_bytes binary, ser_id int, "
-    "ser_manifest string, tags array<string>, writer string, metadata string"
+    "ser_manifest string, tags array<string>, writer string, metadata string, "
+    "deleted boolean"
 )
 ARROW_SCHEMA = pa.schema(
     [
@@ -42,6 +43,7 @@ ARROW_SCHEMA = pa.schema(
         ("tags", pa.list_(pa.string())),
         ("writer", pa.string()),
         ("metadata", pa.string()),
+        ("deleted", pa.bool_()),
     ]
 )
 
@@ -78,6 +80,7 @@ def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
         tags,
         column("writer"),
         column("meta_json").cast(pa.string()),  # raises on bad UTF-8
+        column("deleted"),
     ]
     return pa.RecordBatch.from_arrays(
         [c.cast(f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA
@@ -95,6 +98,12 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
         manifest = cols["ser_manifest"][i] or ""
         text = cols["event"][i]
         payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
+        if cols["deleted"][i]:  # only a tombstone is read deleted
+            yield tombstone_envelope(
+                pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
+                cols["writer"][i] or "", None, "query",
+            )  # fmt: skip
+            continue
         meta = cols["metadata"][i]
         event, metadata, error = decode_payloads(
             registry, pid, seq_nr, ser_id, manifest, payload,

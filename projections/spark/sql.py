@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from journal.query.sql import SLICE_RANGE, time_bounds
+from journal.query.sql import SLICE_RANGE, delivered_rows, time_bounds
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import SliceRange
 from journal.tables import Tables
@@ -30,7 +30,7 @@ from projections.spark.options import SourceOptions
 PARTITION_COLUMNS = sql.SQL(
     "persistence_id, slice, seq_nr, db_timestamp, writer, tags, event_ser_id, "
     "event_ser_manifest, CASE WHEN meta_ser_id = {json} THEN meta_payload END AS meta_json, "
-    "event_payload"
+    "event_payload, deleted"
 ).format(json=sql.Literal(JSON_SERIALIZER_ID))
 
 
@@ -57,12 +57,14 @@ def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
 
 
 def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
-    """The partition's rows, not deleted, ordered by (db_timestamp, seq_nr) — so each
+    """The partition's rows — not deleted, but with `delete_all`'s tombstones, as every
+    reader of events delivers them — ordered by (db_timestamp, seq_nr) — so each
     persistence id's events come in seq_nr order — unless the options say `ordered`
     false (a batch read that does not need it skips the server's sort)."""
     bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
-    where: list[sql.Composable] = [SLICE_RANGE, sql.SQL("deleted = false"), *bounds]
-    params |= _range_params(plan.options, plan.slice_range)
+    delivered, delivered_params = delivered_rows()
+    where: list[sql.Composable] = [SLICE_RANGE, delivered, *bounds]
+    params |= _range_params(plan.options, plan.slice_range) | delivered_params
     if plan.persistence_ids:
         where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
         params["pids"] = list(plan.persistence_ids)

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from journal import Journal
 from journal.slices import SliceRange
@@ -22,7 +23,7 @@ from projections.spark import ProjectionBusy, project
 from tests.support import bank
 from tests.support.long_transactions import HeldTransaction, horizon_settings, short_writes
 from tests.support.projections import eventually
-from tests.support.spark import bank_handler, dying_handler
+from tests.support.spark import bank_handler, dying_handler, recording_handler
 
 NAME = "balances"
 
@@ -122,6 +123,57 @@ async def test_late_commits_kill_and_restarts_exactly_once(spark: Any, journal: 
         assert writers.late > 0
     finally:
         await _stop(query)
+
+
+@pytest.mark.timeout(300)
+async def test_delete_all_reaches_a_spark_projection_as_a_tombstone(
+    spark: Any, journal: Journal
+) -> None:
+    """An erased id's tombstone reaches the Spark handler as it reaches in-process ones:
+    deleted, at the next seq_nr (the id continues) or at 0 (the id starts again, and its
+    new events are not taken for duplicates)."""
+    schema = journal.settings.schema
+    async with journal.pool.connection() as conn:
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (n bigserial PRIMARY KEY, pid text, seq_nr bigint, "
+                "deleted boolean)"
+            ).format(sql.Identifier(schema, "seen"))
+        )
+    kept, reset = bank.account(3), bank.account(4)
+    for pid in (kept, reset):
+        await journal.append(pid, [{"amount": 1}] * 5, expected_seq_nr=0)
+    checkpoint = os.path.join(tempfile.mkdtemp(prefix="sj-spark-"), "ckpt")
+
+    async def run_and_read() -> list[tuple[str, int, bool]]:
+        query = await asyncio.to_thread(
+            _project, spark, journal, checkpoint, recording_handler(schema),
+            trigger={"availableNow": True},
+        )  # fmt: skip
+        await asyncio.to_thread(query.awaitTermination, 200)
+        assert query.exception() is None
+        async with journal.pool.connection() as conn:
+            cur = await conn.execute(
+                sql.SQL("DELETE FROM {} RETURNING n, pid, seq_nr, deleted").format(
+                    sql.Identifier(schema, "seen")
+                )
+            )
+            return [(p, s, d) for _, p, s, d in sorted(await cur.fetchall())]
+
+    first = await run_and_read()
+    assert sorted(first) == sorted((p, s, False) for p in (kept, reset) for s in range(1, 6))
+    assert await journal.delete_all(kept, batch_size=2) == 5
+    assert await journal.delete_all(reset, reset_sequence_number=True, batch_size=2) == 5
+    await journal.append(kept, [{"amount": 1}], expected_seq_nr=6)
+    await journal.append(reset, [{"amount": 1}] * 2, expected_seq_nr=0)
+
+    second = await run_and_read()
+    assert sorted(second) == sorted(
+        [(kept, 6, True), (kept, 7, False), (reset, 0, True), (reset, 1, False), (reset, 2, False)]
+    )
+    assert [e for e in second if e[0] == reset] == [(reset, 0, True), (reset, 1, False),
+                                                    (reset, 2, False)]  # fmt: skip
+    assert await run_and_read() == []  # from the checkpoint: nothing again
 
 
 @pytest.mark.timeout(400)

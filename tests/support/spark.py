@@ -11,7 +11,7 @@ import os
 import signal
 from typing import Any
 
-from psycopg import Connection
+from psycopg import Connection, sql
 
 from journal import EventEnvelope
 from slicejournal.examples.bank import BalancesReadModel
@@ -25,6 +25,21 @@ def _apply(schema: str | None, conn: Connection[Any], envs: list[EventEnvelope])
 def bank_handler(schema: str) -> Any:
     """Applies bank events to `schema`.balances and records each in `schema`.applied."""
     return functools.partial(_apply, schema)
+
+
+def _record(schema: str, conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+    conn.cursor().executemany(
+        sql.SQL("INSERT INTO {} (pid, seq_nr, deleted) VALUES (%s, %s, %s)").format(
+            sql.Identifier(schema, "seen")
+        ),
+        [(e.persistence_id, e.seq_nr, e.deleted) for e in envs],
+    )
+
+
+def recording_handler(schema: str) -> Any:
+    """Records (pid, seq_nr, deleted) of every envelope, in order, in `schema`.seen
+    (`n bigserial, pid text, seq_nr bigint, deleted boolean`)."""
+    return functools.partial(_record, schema)
 
 
 def unqualified_handler() -> Any:

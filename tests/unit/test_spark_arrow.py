@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
+from journal.model import TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
 from journal.rows import PAYLOAD_COLUMN
-from journal.serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID
-from projections.spark.arrow import ARROW_SCHEMA, spark_batch
+from journal.serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, SerializerRegistry
+from projections.spark.arrow import ARROW_SCHEMA, envelopes, spark_batch
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 # The driver names a text[]'s item field and tags every field with the server's type;
@@ -31,6 +32,7 @@ SELECT_LIST = pa.schema(
         pa.field("event_ser_manifest", pa.string(), metadata=_PG),
         pa.field("meta_json", pa.binary()),
         pa.field(PAYLOAD_COLUMN, pa.binary()),
+        pa.field("deleted", pa.bool_()),
     ]
 )
 
@@ -39,7 +41,7 @@ def _rows(*rows: dict[str, object]) -> pa.RecordBatch:
     defaults: dict[str, object] = {
         "persistence_id": "A|1", "slice": 7, "seq_nr": 1, "db_timestamp": T0, "writer": "w",
         "tags": None, "event_ser_id": JSON_SERIALIZER_ID, "event_ser_manifest": "",
-        "meta_json": None, PAYLOAD_COLUMN: b"{}",
+        "meta_json": None, PAYLOAD_COLUMN: b"{}", "deleted": False,
     }  # fmt: skip
     full = [defaults | row for row in rows]
     return pa.RecordBatch.from_pylist(full, schema=SELECT_LIST)
@@ -68,6 +70,7 @@ def test_payloads_split_by_serializer_and_the_rest_passes_through() -> None:
     assert [r["metadata"] for r in rows] == ['{"m": 1}', None, None, None]
     assert [r["writer"] for r in rows] == ["w", "w", None, "w"]
     assert [r["entity_type"] for r in rows] == ["A"] * 4
+    assert [r["deleted"] for r in rows] == [False] * 4
     first = rows[0]
     assert (first["persistence_id"], first["entity_type"], first["slice"]) == ("A|1", "A", 7)
     assert (first["seq_nr"], first["db_timestamp"]) == (1, T0)
@@ -83,3 +86,21 @@ def test_a_json_payload_that_is_not_utf8_is_refused() -> None:
         spark_batch(_rows({PAYLOAD_COLUMN: b"\xff\xfe"}), "A")
     with pytest.raises(pa.ArrowInvalid, match="Invalid UTF8"):
         spark_batch(_rows({"meta_json": b"\xff\xfe"}), "A")
+
+
+def test_a_tombstone_row_becomes_a_deleted_envelope() -> None:
+    """`delete_all`'s tombstone (read because it is deleted *and* the tombstone's
+    serializer) reaches a Spark handler as every reader delivers it: deleted, no event."""
+    batch = spark_batch(
+        _rows(
+            {"seq_nr": 4, PAYLOAD_COLUMN: b'{"amount": 1}'},
+            {"seq_nr": 5, "event_ser_id": TOMBSTONE_SER_ID,
+             "event_ser_manifest": TOMBSTONE_MANIFEST, PAYLOAD_COLUMN: None, "deleted": True},
+        ),
+        "A",
+    )  # fmt: skip
+    event, tombstone = envelopes(batch, SerializerRegistry())
+    assert (event.seq_nr, event.deleted, event.event) == (4, False, {"amount": 1})
+    assert (tombstone.persistence_id, tombstone.seq_nr, tombstone.deleted) == ("A|1", 5, True)
+    assert tombstone.event is None and tombstone.error is None
+    assert tombstone.db_timestamp == T0 and tombstone.slice == 7
