@@ -53,6 +53,12 @@ class Plan:
     """Ranges assigned to me, blocked by a live overlapping lease of another owner."""
 
 
+def _bounds(r: SliceRange) -> tuple[int, int]:
+    """A range's sort key: the order attrs generates for `SliceRange`, without its cost
+    (its comparisons build tuples field by field; this planner sorts in every tick)."""
+    return r.min_slice, r.max_slice
+
+
 def _shared(a: SliceRange, b: SliceRange) -> int:
     return max(0, min(a.max_slice, b.max_slice) - max(a.min_slice, b.min_slice) + 1)
 
@@ -61,7 +67,7 @@ def _affinities(
     wanted: Sequence[SliceRange], holdings: Sequence[tuple[SliceRange, str]]
 ) -> dict[SliceRange, dict[str, int]]:
     """For each wanted range: worker → how many of its slices the worker holds (if any)."""
-    ordered = sorted(holdings)
+    ordered = sorted(holdings, key=lambda h: (*_bounds(h[0]), h[1]))
     starts = [h.min_slice for h, _ in ordered]
     longest = max((len(h) for h, _ in ordered), default=1)
     affinity: dict[SliceRange, dict[str, int]] = {}
@@ -139,7 +145,7 @@ def assign(
     data only, never on the order of `workers` or of `held`.
     """
     live = sorted(set(workers))
-    wanted = sorted(set(ranges))
+    wanted = sorted(set(ranges), key=_bounds)
     if not live or not wanted:
         return {}
     alive = set(live)
@@ -172,7 +178,7 @@ def assign(
             load[w] += 1
 
     pending = [r for r in wanted if r not in owners]
-    pending.sort(key=lambda r: (-max(affinity[r].values(), default=0), r))
+    pending.sort(key=lambda r: (-max(affinity[r].values(), default=0), *_bounds(r)))
     spare = {w: quota[w] - load[w] for w in live}
     for r, w in _match(pending, {r: candidates(r) for r in pending}, spare).items():
         owners[r] = w
@@ -216,12 +222,12 @@ def plan(
     held = {r: row.owner for r, row in chosen.items() if row.owner is not None}
 
     target = assign(ranges, live_workers, held)
-    mine = sorted(r for r, owner in held.items() if owner == me)
+    mine = sorted((r for r, owner in held.items() if owner == me), key=_bounds)
     blockers = [row.slice_range for row in rows if row.live(now) and row.owner != me]
 
     claim: list[SliceRange] = []
     waiting: list[SliceRange] = []
-    for r in sorted(r for r, owner in target.items() if owner == me):
+    for r in sorted((r for r, owner in target.items() if owner == me), key=_bounds):
         if held.get(r) == me:
             continue
         (waiting if any(r.overlaps(b) for b in blockers) else claim).append(r)

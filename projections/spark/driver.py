@@ -148,14 +148,17 @@ def store_start(
     slice_range: SliceRange,
     *,
     tables: ProjectionTableNames | None = None,
+    time_window: timedelta | None = None,
 ) -> datetime | None:
     """Where the offset store says a run over `slice_range` resumes (None: the start).
-    `tables`: the names of the projections' tables, if not the defaults."""
+    `tables`: the names of the projections' tables, if not the defaults; `time_window`:
+    the projection's (`ProjectionSettings.time_window`, which is the default)."""
     t = projection_tables(Tables(settings), tables)
     dao = OffsetDao(t, name)
     with open_connection(dsn, settings) as conn, schema_errors(t):
         records = dao.load(conn, slice_range)
-    offset = OffsetState(ProjectionSettings().time_window, records).start_offset(slice_range)
+    window = ProjectionSettings().time_window if time_window is None else time_window
+    offset = OffsetState(window, records).start_offset(slice_range)
     return None if offset is None else offset.timestamp
 
 
@@ -188,7 +191,9 @@ def project(
     the keyword of `DataStreamWriter.trigger` (default `{"processingTime":
     "1 second"}`; `{"availableNow": True}` for a backfill that stops).
     `serializers` is a zero-argument factory of the `SerializerRegistry` that
-    decodes typed events (it runs on every executor).
+    decodes typed events (it runs on every executor). `projection_settings`:
+    the offset store's rules, and in `.tables` the names of the projections'
+    tables (offsets, leases, ...), as for in-process runners.
 
     `telemetry` (default: the process's, `use_telemetry`) receives each
     micro-batch and, if it samples them, each partition range's backlog, from
@@ -207,8 +212,11 @@ def project(
     applier = _applier(
         dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
     )
-    names = applier.projection_settings.tables
-    start = store_start(dsn, settings, name, slice_range, tables=names)
+    chosen = applier.projection_settings
+    names = chosen.tables
+    start = store_start(
+        dsn, settings, name, slice_range, tables=names, time_window=chosen.time_window
+    )
     options = _source_options(
         dsn, settings, entity_type, slice_range, num_partitions,
         maxEventsPerTrigger=max_events_per_trigger,
@@ -310,6 +318,8 @@ def rebuild(
     for every slice), so the live projection continues right after it. The
     projection must not be running meanwhile (`ProjectionBusy` otherwise).
     Rows of `tables` are replaced: passing them is the permission to do so.
+    (`tables` are the read model's; the projections' own tables are named by
+    `projection_settings.tables`, as for `project`.)
     """
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
     if isinstance(tables, str) or not tables or not all(isinstance(t, str) for t in tables):
