@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
 import psycopg
 from _common import (
     add_dsn_argument,
@@ -100,10 +103,66 @@ def jdbc_url(dsn: str) -> tuple[str | None, str]:
     return url, str(params.get("user") or "")
 
 
-def timed_read(load: Any) -> float:
+CPU_PARTS = ("server", "JVM", "Python")
+
+
+class CpuMeter:
+    """CPU seconds used so far by the PostgreSQL server's backends (when it runs on this
+    machine), by Spark's JVM and by its Python workers: where a read's time goes on a
+    machine whose cores they share. Backends (one per connection) count through the
+    postmaster's children times once they exit; the JVM and its Python workers by the
+    last reading of each process, so `timed_read` samples while the read runs."""
+
+    def __init__(self, dsn: str) -> None:
+        self._postmaster: psutil.Process | None = None
+        self._seen: dict[int, tuple[str, float]] = {}
+        with contextlib.suppress(psutil.Error, psycopg.Error), psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            if row is not None:
+                self._postmaster = psutil.Process(int(row[0])).parent()
+
+    def sample(self) -> dict[str, float]:
+        used = dict.fromkeys(CPU_PARTS, 0.0)
+        if self._postmaster is not None:
+            with contextlib.suppress(psutil.Error):
+                t = self._postmaster.cpu_times()
+                used["server"] = t.children_user + t.children_system
+                for backend in self._postmaster.children():
+                    with contextlib.suppress(psutil.Error):
+                        b = backend.cpu_times()
+                        used["server"] += b.user + b.system
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                name, t = child.name(), child.cpu_times()
+                part = "JVM" if name.startswith("java") else "Python"
+                if name.startswith(("java", "python")):
+                    self._seen[child.pid] = (part, t.user + t.system)
+        for part, seconds in self._seen.values():
+            used[part] += seconds
+        return used
+
+
+def timed_read(load: Any, meter: CpuMeter) -> tuple[float, dict[str, float]]:
+    """Seconds to read everything `load()` gives into the `noop` sink, and the CPU
+    seconds each part used meanwhile."""
+    before = meter.sample()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            meter.sample()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     start = time.perf_counter()
-    load().write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - start
+    try:
+        load().write.format("noop").mode("overwrite").save()
+        took = time.perf_counter() - start
+    finally:
+        done.set()
+        watcher.join()
+    after = meter.sample()
+    return took, {k: after[k] - before[k] for k in CPU_PARTS}
 
 
 async def main_async(args: argparse.Namespace, dsn: str | None) -> int:
@@ -174,16 +233,21 @@ async def run_all(
     if url is not None:
         readers["Spark JDBC source (no order)"] = jdbc
     # Alternating rounds, so that a noisy neighbour (or the JIT warming up) costs each.
+    meter = CpuMeter(dsn)
     best = dict.fromkeys(readers, float("inf"))
+    cpu: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for name, load in readers.items():
-            best[name] = min(best[name], await asyncio.to_thread(timed_read, load))
+            took, used = await asyncio.to_thread(timed_read, load, meter)
+            if took < best[name]:
+                best[name], cpu[name] = took, used
     jdbc_s = best.get("Spark JDBC source (no order)")
     rows = [
-        [name, f"{events / s:,.0f}", "-" if jdbc_s is None else format_ratio(jdbc_s / s)]
+        [name, f"{events / s:,.0f}", "-" if jdbc_s is None else format_ratio(jdbc_s / s),
+         *(f"{cpu[name][part]:.2f}" for part in CPU_PARTS)]
         for name, s in best.items()
-    ]
-    print_table(["reader", "events/s", "ours/JDBC"], rows)
+    ]  # fmt: skip
+    print_table(["reader", "events/s", "ours/JDBC", *(f"{p} CPU s" for p in CPU_PARTS)], rows)
     if jdbc_s is None:
         print(f"JDBC baseline skipped: {why}")
     else:
