@@ -94,16 +94,16 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
     for i in range(batch.num_rows):
         pid = cols["persistence_id"][i]
         seq_nr = cols["seq_nr"][i]
-        ser_id = cols["ser_id"][i]
-        manifest = cols["ser_manifest"][i] or ""
-        text = cols["event"][i]
-        payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
         if cols["deleted"][i]:  # only a tombstone is read deleted
             yield tombstone_envelope(
                 pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
                 cols["writer"][i] or "", None, "query",
             )  # fmt: skip
             continue
+        ser_id = cols["ser_id"][i]
+        manifest = cols["ser_manifest"][i] or ""
+        text = cols["event"][i]
+        payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
         meta = cols["metadata"][i]
         event, metadata, error = decode_payloads(
             registry, pid, seq_nr, ser_id, manifest, payload,

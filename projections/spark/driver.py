@@ -255,8 +255,7 @@ def project(
         SparkQueryTelemetry(
             tel, dsn=dsn, settings=settings, name=name, entity_type=entity_type,
             slice_range=slice_range, ranges=tuple(ranges),
-            backlog_interval=(projection_settings or ProjectionSettings())
-            .backlog_sample_interval.total_seconds(),
+            backlog_interval=chosen.backlog_sample_interval.total_seconds(),
             holder=owner, epochs=tuple(f.epoch for f in applier.fences), released=leases.join,
             tables=names,
         ).watch(query)  # fmt: skip
