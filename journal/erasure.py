@@ -97,6 +97,8 @@ class ErasureSql:
     delete_below: sql.Composed
     delete_above: sql.Composed
     delete_snapshot: sql.Composed
+    remains_below: sql.Composed
+    remains_above: sql.Composed
 
     @classmethod
     def of(cls, tables: Tables) -> ErasureSql:
@@ -107,6 +109,12 @@ class ErasureSql:
             "SELECT seq_nr FROM {journal} WHERE persistence_id = %(pid)s AND {range} "
             "ORDER BY seq_nr LIMIT %(limit)s)"
         )
+        # Whether any row of the range is left, whoever else deletes meanwhile.
+        remains = (
+            "SELECT EXISTS (SELECT 1 FROM {journal} WHERE persistence_id = %(pid)s AND {range})"
+        )
+        below = sql.SQL("seq_nr < %(tombstone)s")
+        above = sql.SQL("seq_nr > 0")
         return cls(
             tombstone=_TOMBSTONE.format(
                 journal=journal, seq_nr=sql.SQL("prev.seq_nr + 1"), conflict=sql.SQL("")
@@ -120,13 +128,13 @@ class ErasureSql:
                     "db_timestamp = excluded.db_timestamp, writer = excluded.writer"
                 ),
             ),
-            delete_below=sql.SQL(batch).format(
-                journal=journal, range=sql.SQL("seq_nr < %(tombstone)s")
-            ),
-            delete_above=sql.SQL(batch).format(journal=journal, range=sql.SQL("seq_nr > 0")),
+            delete_below=sql.SQL(batch).format(journal=journal, range=below),
+            delete_above=sql.SQL(batch).format(journal=journal, range=above),
             delete_snapshot=sql.SQL("DELETE FROM {t} WHERE persistence_id = %s").format(
                 t=tables.snapshot
             ),
+            remains_below=sql.SQL(remains).format(journal=journal, range=below),
+            remains_above=sql.SQL(remains).format(journal=journal, range=above),
         )
 
     def tombstone_statement(self, erasure: Erasure, writer_id: str) -> tuple[sql.Composed, Any]:
@@ -148,3 +156,16 @@ class ErasureSql:
         if erasure.reset_sequence_number:
             return self.delete_above, params
         return self.delete_below, {**params, "tombstone": tombstone}
+
+    def remains_statement(self, erasure: Erasure, tombstone: int) -> tuple[sql.Composed, Any]:
+        """Whether any row the erasure removes is still there (one boolean).
+
+        A short batch does not mean the end: when another deleter (retention,
+        `delete_events_to`, a hand-written `DELETE`) removed the rows a batch
+        had picked, PostgreSQL re-checks them after the other commits and the
+        batch deletes fewer, or none, while rows above them remain. Only this
+        check ends an erasure."""
+        params = {"pid": erasure.persistence_id}
+        if erasure.reset_sequence_number:
+            return self.remains_above, params
+        return self.remains_below, {**params, "tombstone": tombstone}

@@ -40,6 +40,11 @@ MINUS_INFINITY = "-infinity"
 # that must show it consumed the event, its newest offset row of that id (seq_nr and
 # timestamp both at or above the event's: a row of an earlier lifetime of an id that
 # `delete_all` reset to seq_nr 1 is older than every event of the new one).
+# An id with a reset tombstone (seq_nr 0, `deleted`) is kept off until every projection
+# shows the tombstone consumed: the tombstone is newer than the events above it, so
+# their consumption proves nothing of it, and deleting below a target would sweep it
+# away before projections learnt of the erasure (`erasing`). The erasure removes the
+# id's rows itself meanwhile.
 _VERDICT = """
 WITH page AS MATERIALIZED (
   SELECT persistence_id AS pid, seq_nr AS seq, db_timestamp AS ts FROM {j}
@@ -54,7 +59,9 @@ ids AS (SELECT DISTINCT pid FROM page),
 facts AS (
   SELECT i.pid,
     (SELECT max(seq_nr) FROM {j} WHERE persistence_id = i.pid) AS highest,
-    (SELECT seq_nr FROM {s} WHERE persistence_id = i.pid) AS snap
+    (SELECT seq_nr FROM {s} WHERE persistence_id = i.pid) AS snap,
+    (SELECT db_timestamp FROM {j} WHERE persistence_id = i.pid AND seq_nr = 0 AND deleted)
+      AS reset_ts
   FROM ids i),
 checks AS (SELECT * FROM unnest(%(names)s::text[], %(befores)s::timestamptz[]) AS h(name, before)),
 consumed AS (
@@ -68,13 +75,21 @@ unmet AS (
   SELECT DISTINCT p.pid, p.seq FROM page p JOIN checks h ON p.ts >= h.before
   LEFT JOIN consumed c ON c.name = h.name AND c.pid = p.pid
   WHERE c.pid IS NULL OR c.seq < p.seq OR c.ts < p.ts),
+erasing AS (
+  SELECT f.pid FROM facts f WHERE f.reset_ts IS NOT NULL AND (
+    %(blocked)s::boolean OR f.reset_ts > %(upper)s::timestamptz OR EXISTS (
+      SELECT 1 FROM checks h WHERE f.reset_ts >= h.before AND NOT EXISTS (
+        SELECT 1 FROM consumed c
+        WHERE c.name = h.name AND c.pid = f.pid AND c.ts >= f.reset_ts)))),
 verdict AS (
   SELECT p.pid, p.seq,
     (%(keep_last)s::bigint IS NULL OR p.seq <= f.highest - %(keep_last)s::bigint)
       AND (NOT %(keep_snapshot)s::boolean OR p.seq <= coalesce(f.snap, 0)) AS policy_ok,
-    NOT %(blocked)s::boolean AND p.ts <= %(upper)s::timestamptz AND u.pid IS NULL AS consumed
+    NOT %(blocked)s::boolean AND p.ts <= %(upper)s::timestamptz AND u.pid IS NULL
+      AND e.pid IS NULL AS consumed
   FROM page p JOIN facts f USING (pid)
-  LEFT JOIN unmet u ON u.pid = p.pid AND u.seq = p.seq),
+  LEFT JOIN unmet u ON u.pid = p.pid AND u.seq = p.seq
+  LEFT JOIN erasing e ON e.pid = p.pid),
 ok AS (SELECT pid, max(seq) AS target FROM verdict WHERE policy_ok AND consumed GROUP BY pid),
 last AS (SELECT ts, seq, pid FROM page ORDER BY ts DESC, seq DESC, pid DESC LIMIT 1)"""
 

@@ -37,7 +37,12 @@ class Eraser:
         self._sql = ErasureSql.of(tables)
 
     async def delete_all(self, erasure: Erasure) -> int:
-        """Erase the id; returns how many rows were removed (the tombstone stays)."""
+        """Erase the id; returns how many rows this call removed (the tombstone stays).
+
+        Rows another deleter removed meanwhile are not counted: they are gone,
+        but not by this call. The loop ends only when nothing of the id is left
+        in the erased range (`ErasureSql.remains_statement`), not on a short
+        batch, which a concurrent deleter can cause."""
         tombstone = await self._write_tombstone(erasure)
         if tombstone is None:
             return 0  # no events at all (the snapshot, if any, is gone)
@@ -48,8 +53,15 @@ class Eraser:
                 cur = await conn.execute(statement, params)
                 batch = int(cur.rowcount)
             removed += batch
-            if batch < erasure.batch_size:
+            if batch < erasure.batch_size and not await self._remains(erasure, tombstone):
                 return removed
+
+    async def _remains(self, erasure: Erasure, tombstone: int) -> bool:
+        statement, params = self._sql.remains_statement(erasure, tombstone)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(statement, params)
+            row = await cur.fetchone()
+        return bool(row and row[0])
 
     async def _write_tombstone(self, erasure: Erasure) -> int | None:
         """The tombstone and the snapshot's deletion in one transaction; its seq_nr."""

@@ -225,7 +225,10 @@ class SyncJournal:
         highest + 1 and the id's next append continues after it; with it the
         tombstone sits at seq_nr 0 and the id starts again at 1. Stop the id's
         writers first. Running it again after a failure finishes the job.
-        Returns the number of rows removed (0: the id had no events).
+        It ends only when nothing of the id is left below (with a reset: above)
+        the tombstone, whatever else deletes meanwhile (retention,
+        `delete_events_to`). Returns the number of rows this call removed (0: the
+        id had no events); rows another deleter removed first are not counted.
         """
         erasure = check_erasure(persistence_id, reset_sequence_number, batch_size)
         return self._eraser.delete_all(erasure)
