@@ -30,6 +30,7 @@ from journal.errors import (
     DatabaseError,
     InvalidArgument,
     JournalError,
+    LockTimeout,
     PoolExhausted,
     QueryCancelled,
     SchemaNotInitialized,
@@ -224,6 +225,11 @@ def driver_errors() -> Iterator[None]:
         raise PoolExhausted(f"no pooled connection became free in time: {one_line(e)}") from e
     except psycopg.errors.QueryCanceled as e:
         raise QueryCancelled(f"the server cancelled the statement: {one_line(e)}") from e
+    except psycopg.errors.LockNotAvailable as e:  # an OperationalError, but not a lost one
+        raise LockTimeout(
+            f"a lock held by another transaction was not granted in time: {one_line(e)}; "
+            "retry once that transaction has ended"
+        ) from e
     except psycopg.OperationalError as e:
         raise ConnectionLost(f"the connection to PostgreSQL was lost: {one_line(e)}") from e
     except psycopg.Error as e:

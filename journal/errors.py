@@ -48,6 +48,12 @@ class QueryCancelled(JournalError):
     """The server cancelled a statement (statement_timeout, pg_cancel_backend)."""
 
 
+class LockTimeout(JournalError):
+    """A statement waited longer than its `lock_timeout` for a lock another transaction
+    held, and the server cancelled it; its transaction was rolled back, so nothing of it
+    was applied. Retry once that transaction has ended (`pg_stat_activity` shows it)."""
+
+
 class DatabaseError(JournalError):
     """Any other error the database reported for a journal call (psycopg's is `__cause__`)."""
 

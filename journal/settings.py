@@ -158,6 +158,18 @@ class JournalSettings:
     # wait for the pools to fill in `Journal.open`). PostgreSQL counts whole seconds, at
     # least 2; it overrides any `connect_timeout` in the DSN.
     connect_timeout: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+    # How long a migration step (`slicejournal migrate`, `create_schema`) waits for a lock
+    # on a table it changes before it gives up with `LockTimeout` (nothing applied; retry
+    # later). While it waits, writes to that table queue behind it: this bounds that too.
+    migration_lock_timeout: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+
+    @property
+    def migration_lock_timeout_ms(self) -> int:
+        """`migration_lock_timeout` as PostgreSQL's `lock_timeout` takes it: whole
+        milliseconds, rounded up, at least 1 (0 would mean no limit), at most 2^31 - 1
+        (PostgreSQL's largest, about 24.8 days)."""
+        ms = -(-self.migration_lock_timeout // timedelta(milliseconds=1))
+        return min(2**31 - 1, max(1, ms))
 
     @property
     def connect_timeout_seconds(self) -> int:

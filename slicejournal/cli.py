@@ -11,6 +11,8 @@ import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from journal.dsn import database, resolve_dsn
 from journal.errors import JournalError
 from journal.schema import Migration
@@ -23,6 +25,8 @@ from slicejournal.server_cli import add_server_parser
 
 DEMO_SCHEMA = "slicejournal_demo"
 SPARK_DEMO_SCHEMA = "slicejournal_spark_demo"
+# PostgreSQL's largest lock_timeout (2^31 - 1 ms), in whole seconds.
+MAX_LOCK_TIMEOUT_SECONDS = 2_147_483
 
 
 async def _migrate(dsn: str, settings: JournalSettings, *, dry_run: bool) -> list[Migration]:
@@ -64,8 +68,21 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a duration in seconds (> 0), else a one-line usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= MAX_LOCK_TIMEOUT_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be above 0 and at most {MAX_LOCK_TIMEOUT_SECONDS} seconds, got {text}"
+        )
+    return value
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = attrs.evolve(_settings(args), migration_lock_timeout=args.lock_timeout)
     with database(args.dsn) as (dsn, is_default):
         steps = asyncio.run(_migrate(dsn, settings, dry_run=args.dry_run))
     where = "the embedded server" if is_default else "the configured database"
@@ -144,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         p_migrate.add_argument("--schema", default="public", help="schema name (default: public)")
         p_migrate.add_argument("--dry-run", action="store_true",
                                help="list the pending steps, apply nothing")  # fmt: skip
+        default_wait = JournalSettings().migration_lock_timeout.total_seconds()
+        p_migrate.add_argument(
+            "--lock-timeout", type=_positive_seconds, default=default_wait, metavar="SECONDS",
+            help="how long a step may wait for a lock on a table it changes (writes to that "
+            "table queue behind it meanwhile) before it gives up, applying nothing of that "
+            f"step; run again later to retry (default: {default_wait:g})",
+        )  # fmt: skip
         p_migrate.set_defaults(func=cmd_migrate)
     _add_demo_parser(
         sub, dsn, "demo", cmd_demo, schema=DEMO_SCHEMA, events=4000,

@@ -7,6 +7,18 @@ its own that first takes the migration lock and re-reads the versions, so
 two deploys racing apply each step once, and a failed step leaves the
 database at the previous one. `check_schema` is the one catalog read every
 journal makes when it opens.
+
+A step's DDL waits for the locks it needs on tables in use (an index on the
+snapshot table waits for every transaction that wrote to it), and while it
+waits, PostgreSQL queues every later writer of that table behind it. So the
+step waits at most `JournalSettings.migration_lock_timeout` (`lock_timeout`,
+set after the migration lock: a second deploy waiting for the first is
+queued behind nobody's writes) and then fails with `LockTimeout`, applying
+nothing. The session also sets `client_connection_check_interval`
+(PostgreSQL 14+): a migrate process killed while its step waits would
+otherwise leave its backend waiting, and every writer queued behind it,
+until the lock came; the server now notices the dead client within a second
+and ends that wait.
 """
 
 from __future__ import annotations
@@ -14,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from psycopg import Connection
 
 from journal.connection import TABLE_EXISTS, schema_missing
-from journal.errors import SchemaOutdated
+from journal.errors import LockTimeout, SchemaOutdated
 from journal.schema import (
     MIGRATION_LOCK_KEY,
     ComponentTables,
@@ -31,6 +44,10 @@ from journal.schema import (
 )
 from journal.settings import JournalSettings
 from journal.tables import Tables
+
+# How often a migration's backend checks, while it waits, that its client is still there.
+CLIENT_CHECK_INTERVAL_MS = 1000
+_SET_LOCAL = "SELECT set_config(%s, %s, true)"
 
 
 def read_versions(conn: Connection[Any], tables: Tables) -> dict[str, int] | None:
@@ -56,6 +73,9 @@ def migrate(
 
     `conn` must autocommit: each step commits on its own. `tables` names the
     tables of components that are not to have their default names (one each).
+    A step that waits longer than `settings.migration_lock_timeout` for a lock
+    on a table it changes raises `LockTimeout`: that step is rolled back (the
+    ones before it stay applied) and running `migrate` again resumes there.
     """
     journal = Tables(settings)
     installed = {each.component.name: each for each in installation(journal, tables)}
@@ -65,21 +85,54 @@ def migrate(
         return steps
     applied = []
     for step in steps:
-        with conn.transaction():
-            conn.execute(statements.lock, (MIGRATION_LOCK_KEY,))
-            conn.execute(statements.create)
-            cur = conn.execute(statements.read)
-            current = {str(c): int(v) for c, v in cur.fetchall()}
-            each = installed[step.component.name]
-            key = each.key
-            if current.get(key, 0) >= step.number:
-                continue  # another deploy applied it while this one waited for the lock
-            conn.execute(step.statement(each.tables))
-            conn.execute(statements.record, (key, step.number, release()))
+        try:
+            with conn.transaction():
+                _end_wait_when_client_goes(conn)
+                conn.execute(statements.lock, (MIGRATION_LOCK_KEY,))
+                # Only now: waiting for another deploy's step holds up no one's writes.
+                lock_timeout = f"{settings.migration_lock_timeout_ms}ms"
+                conn.execute(_SET_LOCAL, ("lock_timeout", lock_timeout))
+                conn.execute(statements.create)
+                cur = conn.execute(statements.read)
+                current = {str(c): int(v) for c, v in cur.fetchall()}
+                each = installed[step.component.name]
+                key = each.key
+                if current.get(key, 0) >= step.number:
+                    continue  # another deploy applied it while this one waited for the lock
+                conn.execute(step.statement(each.tables))
+                conn.execute(statements.record, (key, step.number, release()))
+        except psycopg.errors.LockNotAvailable as e:
+            raise _lock_timeout(step, settings) from e
         applied.append(step)
         if on_step is not None:
             on_step(step)
     return applied
+
+
+def _end_wait_when_client_goes(conn: Connection[Any]) -> None:
+    """`client_connection_check_interval` for the step's transaction, where the server
+    has it (PostgreSQL 14+, on a platform that supports it; elsewhere nothing is set)."""
+    if conn.info.server_version < 140000:
+        return
+    interval = f"{CLIENT_CHECK_INTERVAL_MS}ms"
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the step intact
+            conn.execute(_SET_LOCAL, ("client_connection_check_interval", interval))
+    except (psycopg.DataError, psycopg.ProgrammingError):
+        return  # "must be set to 0 on this platform": the lock timeout still bounds the wait
+
+
+def _lock_timeout(step: Migration, settings: JournalSettings) -> LockTimeout:
+    seconds = f"{settings.migration_lock_timeout.total_seconds():g} s"
+    return LockTimeout(
+        f"migration step {step} of schema {settings.schema!r} gave up after waiting "
+        f"{seconds} (the lock timeout, JournalSettings.migration_lock_timeout) for a lock "
+        "on a table it changes that another transaction holds; while a step waits, writes "
+        "to that table wait behind it. Nothing of this step was applied (earlier steps "
+        "stay). Retry `slicejournal migrate` once that transaction has ended "
+        "(pg_stat_activity shows it: a long write, or a session idle in transaction), "
+        "or give it longer with --lock-timeout SECONDS"
+    )
 
 
 def check_schema(conn: Connection[Any], tables: Tables) -> None:

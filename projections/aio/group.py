@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from journal.aio.flavour import Task, gather, spawn, task_failure
 from journal.slices import SliceRange, slice_ranges
-from projections.aio.runner import Projection
+from projections.aio.runner import Projection, check_pools
 from projections.core import ProjectionStats
 
 _log = logging.getLogger("slicejournal.projections.scaling")
@@ -37,10 +37,16 @@ class ProjectionGroup:
         return self._instances
 
     async def start(self) -> None:
-        """Start one instance per range (no-op if running)."""
+        """Start one instance per range (no-op if running).
+
+        The journals' idle pooled connections are tested first, as a fleet worker
+        does after a failure: a group restarted after a connection failure (backends
+        terminated, a server restarted) starts on fresh connections, not stale ones."""
         if self._tasks:
             return
         self.projections = [self._factory(r) for r in slice_ranges(self._instances)]
+        for journal in {id(p.journal): p.journal for p in self.projections}.values():
+            await check_pools(journal)
         self._tasks = [spawn(self._run, p, name=f"projection {p.key}") for p in self.projections]
 
     @staticmethod

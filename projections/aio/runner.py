@@ -49,7 +49,7 @@ from journal.aio.flavour import (
     wait_event,
 )
 from journal.aio.journal import Journal
-from journal.connection import schema_errors
+from journal.connection import driver_errors, schema_errors
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -255,9 +255,17 @@ class Projection:
         never applied twice. Returns the instance's counters.
         """
         # The journal's pool knows only the journal's tables; a missing one of the
-        # projections' is `SchemaNotInitialized` too.
-        with schema_errors(self.tables):
-            return await self._run(fence, until_caught_up)
+        # projections' is `SchemaNotInitialized` too. What the driver raises outside a
+        # handler (loading offsets, the pause check, saving offsets, cleanup) leaves as
+        # the journal's typed errors: a terminated backend is `ConnectionLost`.
+        try:
+            with driver_errors(), schema_errors(self.tables):
+                return await self._run(fence, until_caught_up)
+        except Exception:
+            # Backends terminated (or a server restarted) while the pools' connections
+            # sat idle would fail the next run at once: tested now, broken ones replaced.
+            await check_pools(self.journal)
+            raise
 
     async def _run(self, fence: Fence | None, until_caught_up: bool) -> ProjectionStats:
         if self._running:
@@ -604,6 +612,15 @@ class Projection:
                 self.settings.delete_after_consumed,
             )
         self._core.cleaned_up(deleted)
+
+
+async def check_pools(journal: Journal) -> None:
+    """Test the idle connections of the journal's pools and replace the broken ones
+    (never raises): after a connection failure, and before a group starts, so that a
+    restarted instance does not fail at once on a connection whose backend is gone."""
+    for pool in (journal.pool, journal.read_pool):
+        with contextlib.suppress(Exception):
+            await pool.check()
 
 
 @contextlib.asynccontextmanager

@@ -39,7 +39,7 @@ import attrs
 import psycopg
 
 from journal import Journal, SliceRange, slice_ranges
-from journal.connection import schema_errors
+from journal.connection import driver_errors, schema_errors
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
 from journal.settings import duration_field
@@ -173,10 +173,15 @@ class FleetWorker:
 
     async def run(self) -> None:
         """Join the fleet and run the ranges this worker leases until `stop()`; then finish
-        their batches, save offsets, release the leases and leave."""
+        their batches, save offsets, release the leases and leave.
+
+        A database outage while running is logged and retried; what does end it (the
+        first registration failing, say) is a typed `JournalError`, as everywhere."""
         _log.info("worker %s joins projection %s", self.me, self.name,
                   extra=self._extra("worker_started"))  # fmt: skip
-        with schema_errors(self.tables):  # the fleet's tables, which the pool does not know
+        # The fleet's tables, which the pool does not know; then the driver's errors typed.
+        with driver_errors(), schema_errors(self.tables):
+            await self._check_pools()  # connections left idle by a previous run may be gone
             await self._register()
             renew = asyncio.create_task(self._every(self.settings.renew_interval, self._renew))
             try:

@@ -37,7 +37,7 @@ import attrs
 import psycopg
 from psycopg import Connection
 
-from journal.connection import schema_errors
+from journal.connection import driver_errors, schema_errors
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -255,9 +255,17 @@ class SyncProjection:
         never applied twice. Returns the instance's counters.
         """
         # The journal's pool knows only the journal's tables; a missing one of the
-        # projections' is `SchemaNotInitialized` too.
-        with schema_errors(self.tables):
-            return self._run(fence, until_caught_up)
+        # projections' is `SchemaNotInitialized` too. What the driver raises outside a
+        # handler (loading offsets, the pause check, saving offsets, cleanup) leaves as
+        # the journal's typed errors: a terminated backend is `ConnectionLost`.
+        try:
+            with driver_errors(), schema_errors(self.tables):
+                return self._run(fence, until_caught_up)
+        except Exception:
+            # Backends terminated (or a server restarted) while the pools' connections
+            # sat idle would fail the next run at once: tested now, broken ones replaced.
+            check_pools(self.journal)
+            raise
 
     def _run(self, fence: Fence | None, until_caught_up: bool) -> ProjectionStats:
         if self._running:
@@ -600,6 +608,15 @@ class SyncProjection:
                 self.settings.delete_after_consumed,
             )
         self._core.cleaned_up(deleted)
+
+
+def check_pools(journal: SyncJournal) -> None:
+    """Test the idle connections of the journal's pools and replace the broken ones
+    (never raises): after a connection failure, and before a group starts, so that a
+    restarted instance does not fail at once on a connection whose backend is gone."""
+    for pool in (journal.pool, journal.read_pool):
+        with contextlib.suppress(Exception):
+            pool.check()
 
 
 @contextlib.contextmanager

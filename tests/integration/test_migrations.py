@@ -7,7 +7,8 @@ every event, snapshot, offset and lease is still there and the journal reads,
 projects and appends. Migrating is idempotent and safe when deploys race; a
 schema migrated by a newer release is refused; and the rolling order —
 migrate while the old release keeps writing, then start the new workers —
-loses nothing.
+loses nothing. A step blocked by an open transaction gives up after its lock
+timeout, and one whose client was killed stops waiting on the server.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from typing import Any
 
 import attrs
 import psycopg
+import psycopg.conninfo
 import pytest
 from psycopg import sql
 
 from journal import (
     Journal,
+    JournalError,
     JournalSettings,
+    LockTimeout,
     SchemaNotInitialized,
     SchemaOutdated,
     SchemaTooNew,
@@ -270,3 +274,126 @@ async def test_projections_under_other_names_are_migrated_and_checked(
     with pytest.raises(SchemaTooNew):
         async with Journal.connect(pg_dsn, settings):
             pass
+
+
+# -- a step blocked by an open transaction: bounded by the lock timeout, ended with its client --
+
+
+async def migration_backend(dsn: str, application: str) -> int | None:
+    """The pid of the backend named `application` while it waits for a lock, else None."""
+    rows = await fetch(
+        dsn,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application,),
+    )
+    return int(rows[0][0]) if rows else None
+
+
+async def until(check: Any, what: str, within: float = 30.0) -> Any:
+    """Poll the coroutine function `check` until it returns something true; that."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not (found := await check()):
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"never happened: {what}")
+        await asyncio.sleep(0.02)
+    return found
+
+
+@pytest.mark.timeout(60)
+async def test_a_step_behind_an_open_transaction_gives_up_after_its_lock_timeout(
+    pg_dsn: str, schema: str
+) -> None:
+    """The snapshot index waits for a transaction that wrote a snapshot and has not ended;
+    every later snapshot write queues behind the waiting step. The step gives up after
+    `migration_lock_timeout` with a `LockTimeout` that says what to do, the writes queued
+    behind it go through, and the step applies once the transaction has ended."""
+    settings = settings_of(schema)
+    create_as_release_0_1_0(pg_dsn, settings)
+    application = f"migrate-{schema}"
+    async with (
+        Journal.connect(pg_dsn, settings, check_schema=False) as old,
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as holder,
+    ):
+        async with holder.transaction():  # a service's transaction that saved a snapshot
+            await old.save_snapshot(bank.account(1), 1, {"balance": 1}, conn=holder)
+            waiting = attrs.evolve(settings, migration_lock_timeout=1.5)
+            async with await psycopg.AsyncConnection.connect(
+                pg_dsn, autocommit=True, application_name=application
+            ) as conn:
+                migrating = asyncio.create_task(migrate(conn, waiting))
+                await until(lambda: migration_backend(pg_dsn, application), "a waiting step")
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                await asyncio.wait_for(old.save_snapshot(bank.account(2), 1, {"b": 2}), 10)
+                queued = loop.time() - began
+                with pytest.raises(LockTimeout) as gave_up:
+                    await migrating
+        assert 0.5 < queued < 6, queued  # queued behind the step, until it gave up
+        message = str(gave_up.value)
+        assert "journal 0002_snapshot_slice_index" in message and "1.5 s" in message
+        assert "lock timeout" in message and "JournalSettings.migration_lock_timeout" in message
+        assert "Retry `slicejournal migrate`" in message and "--lock-timeout" in message
+        assert "\n" not in message
+        assert isinstance(gave_up.value, JournalError)
+        assert isinstance(gave_up.value.__cause__, psycopg.errors.LockNotAvailable)
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            versions = await read_versions(conn, Tables(settings))
+            assert versions == {"journal(event_journal,snapshot)": 1}  # the step before stays
+            assert await snapshot_index(pg_dsn, schema) == []
+            # The transaction has ended: the same call now applies the rest.
+            applied = [str(m) for m in await migrate(conn, waiting)]
+            assert "journal 0002_snapshot_slice_index" in applied
+        assert await snapshot_index(pg_dsn, schema) == [("snapshot_slice_idx",)]
+        snap = await old.load_snapshot(bank.account(1))
+        assert snap is not None and snap.state == {"balance": 1}
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_migrate_stops_waiting_on_the_server(pg_dsn: str, schema: str) -> None:
+    """`slicejournal migrate --lock-timeout` gives up in one line with a retry hint; one
+    with a long lock timeout killed (SIGKILL) while its step waits leaves no backend
+    behind waiting (and queueing writes) on the server: it is gone within seconds."""
+    settings = settings_of(schema)
+    create_as_release_0_1_0(pg_dsn, settings)
+    application = f"migrate-{schema}"
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, application_name=application)
+    async with (
+        Journal.connect(pg_dsn, settings, check_schema=False) as old,
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as holder,
+    ):
+        async with holder.transaction():
+            await old.save_snapshot(bank.account(1), 1, {"balance": 1}, conn=holder)
+            args = ["migrate", "--dsn", dsn, "--schema", schema]
+            short = await asyncio.to_thread(cli, *args, "--lock-timeout", "0.5")
+            assert short.returncode == 1, short.stdout + short.stderr
+            lines = short.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in short.stderr, short.stderr
+            assert lines[0].startswith("slicejournal: error: migration step journal 0002")
+            assert "0.5 s" in lines[0] and "Retry `slicejournal migrate`" in lines[0]
+
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "slicejournal.cli", *args, "--lock-timeout", "600",
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                pid = await until(lambda: migration_backend(pg_dsn, application), "a wait")
+                writer = asyncio.create_task(old.save_snapshot(bank.account(2), 1, {"b": 2}))
+                await asyncio.sleep(0.3)
+                assert not writer.done()  # queued behind the waiting step
+            finally:
+                process.kill()  # SIGKILL: no cleanup of any kind on the client's side
+                await asyncio.wait_for(process.wait(), 10)
+            loop = asyncio.get_running_loop()
+            killed = loop.time()
+
+            async def gone() -> bool:
+                rows = await fetch(pg_dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                   (pid,))  # fmt: skip
+                return not rows
+
+            await until(gone, "the killed migrate's backend ends", within=10)
+            assert loop.time() - killed < 5
+            await asyncio.wait_for(writer, 5)  # and the write queued behind it went through
+        result = await asyncio.to_thread(cli, *args)
+        assert result.returncode == 0, result.stderr
+        assert await snapshot_index(pg_dsn, schema) == [("snapshot_slice_idx",)]

@@ -1,6 +1,7 @@
 """The CLI's options on their own: `--log-level` / `--log-format` before or after the
-subcommand, numeric options refused in one line, the JSON log formatter's fields, and
-the events/s `status --watch` derives from two backlog readings."""
+subcommand, numeric options refused in one line (`migrate --lock-timeout` too), the JSON
+log formatter's fields, and the events/s `status --watch` derives from two backlog
+readings."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from journal import InvalidSettings, JournalSettings
 from projections.backlog import Backlog
 from slicejournal.cli import build_parser
 from slicejournal.fleet_cli import events_per_second, positive_float
@@ -78,3 +80,21 @@ def test_events_per_second_from_two_backlog_readings() -> None:
     assert events_per_second(_backlog(0, 0), _backlog(0, 4), 0) == 0.0
     assert events_per_second(_backlog(0, 0), _backlog(0, 0), 3) is None  # no time passed
     assert events_per_second(_backlog(10, 0, capped=True), _backlog(5, 2), 30) is None
+
+
+@pytest.mark.timeout(10)
+def test_migrate_lock_timeout_is_seconds_above_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    default = JournalSettings().migration_lock_timeout.total_seconds()
+    assert parser.parse_args(["migrate"]).lock_timeout == default
+    assert parser.parse_args(["init", "--lock-timeout", "0.25"]).lock_timeout == 0.25
+    for text in ("0", "-1", "nan", "inf", "3e6", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["migrate", "--lock-timeout", text])
+        assert "--lock-timeout" in capsys.readouterr().err
+    # As PostgreSQL's lock_timeout takes it: whole ms, rounded up, never 0 (no limit).
+    ms = [JournalSettings(migration_lock_timeout=s).migration_lock_timeout_ms
+          for s in (0.3, 5, 0.0001, 1.0005, 10**8)]  # fmt: skip
+    assert ms == [300, 5000, 1, 1001, 2**31 - 1]
+    with pytest.raises(InvalidSettings):
+        JournalSettings(migration_lock_timeout=0)
