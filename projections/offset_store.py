@@ -3,8 +3,9 @@
 For every envelope a projection receives, `OffsetState.validate` decides:
 
 * **duplicate** — its seq_nr is <= the stored or in-flight seq_nr of its pid,
-  or it is older than the time window its slice still tracks (so it was
-  handled before its record was cleaned up);
+  or its timestamp is older than that handled record's (it is from the pid's
+  past: below), or it is older than the time window its slice still tracks
+  (so it was handled before its record was cleaned up);
 * **accepted** — seq_nr is exactly stored + 1, or 1 for an unknown pid, or
   the journal shows every missing event before it deleted (its deletion
   marker, a `deleted = true` row, is at or above them), or the previous event
@@ -25,9 +26,30 @@ as a duplicate and lost. Only the journal's deletion marker is evidence now.
 lets an id start again at seq_nr 1. Its tombstone (seq_nr 0, `deleted`) and
 any seq_nr 1 whose db_timestamp is later than the pid's handled event by at
 least `accept_sequence_number_reset_after` start a new lifetime instead of
-being duplicates. A replay of the original seq_nr 1 is never later than the
-events that followed it (db_timestamps increase per id), so it stays a duplicate.
-Records are therefore ordered per pid by (timestamp, seq_nr), not seq_nr alone.
+being duplicates. Records are therefore ordered per pid by (timestamp,
+seq_nr), not seq_nr alone: the newest is the pid's *handled* record.
+
+**Nothing older than the handled record comes back.** An envelope whose
+db_timestamp is earlier than its pid's handled (stored or in-flight) record
+is a duplicate, whatever its seq_nr. Why this is sound and needed: the
+journal gives each write of an id a db_timestamp later than the id's previous
+row (`GREATEST(now, previous + 1 µs)`), the tombstone included, and a new
+lifetime only starts after its tombstone. So an earlier envelope is either of
+the handled record's own lifetime — then its seq_nr is lower, it was handled
+— or of an earlier lifetime, from before a handled tombstone: its id was
+erased and it must never be applied again. Comparing seq_nrs alone cannot
+tell: after a reset the handled tombstone is seq_nr 0, so the previous
+lifetime's still-visible seq_nr 1 (re-delivered by backtracking or a restart
+while the erasure's batches run) looked like "handled + 1", and the later
+ones came through the gap fill. A single instance then stored an offset row
+it had stored before (`OffsetConflict`), or, once that row was cleaned up,
+re-applied an erased event. The same holds for records of two lifetimes in
+any order (p:3 at t, then p:2 at t + 1 ms: p:3 at t is not "2 + 1").
+
+The rule needs no record older than the window: `evict` forgets only pids
+whose handled record is older than their slice's window, and an unknown
+pid's envelope older than the window is a duplicate anyway (below), so
+nothing older than a forgotten record can be accepted either.
 
 Offsets are stored per slice, so a projection instance loads only its slice
 range and any future split of the slices can resume. Besides one record per
@@ -129,15 +151,28 @@ UNKNOWN = _Unknown()
 
 @attrs.frozen
 class _Handled:
-    """The newest handled (stored or in-flight) event of a pid; timestamp None if unknown."""
+    """The newest handled (stored or in-flight) event of a pid; timestamp None if unknown.
+
+    `since`: the newest db_timestamp known of the pid's handled events (an
+    in-flight event accepted without its timestamp is no older than the
+    stored record): no envelope older than it is new.
+    """
 
     seq_nr: int
     timestamp: datetime | None
+    since: datetime | None = None
 
 
 def _newer(record: Record, than: Record) -> bool:
     """Per pid, later lifetimes win: ordered by (timestamp, seq_nr)."""
     return (record.timestamp, record.seq_nr) > (than.timestamp, than.seq_nr)
+
+
+def _not_older(seq_nr: int, timestamp: datetime | None, than: _Handled) -> bool:
+    """(timestamp, seq_nr) at or after `than`'s; by seq_nr alone if a timestamp is unknown."""
+    if timestamp is None or than.timestamp is None:
+        return seq_nr >= than.seq_nr
+    return (timestamp, seq_nr) >= (than.timestamp, than.seq_nr)
 
 
 class OffsetState:
@@ -191,29 +226,21 @@ class OffsetState:
         for record in records:
             self._add(record)
             inflight = self._inflight.get(record.persistence_id)
-            if (
-                inflight is not None
-                and inflight.seq_nr <= record.seq_nr
-                and (inflight.timestamp is None or inflight.timestamp <= record.timestamp)
-            ):
+            if inflight is not None and _not_older(record.seq_nr, record.timestamp, inflight):
                 del self._inflight[record.persistence_id]
 
     def accept(self, persistence_id: str, seq_nr: int, timestamp: datetime | None = None) -> None:
         """An accepted envelope is being handled (not yet saved).
 
-        A higher seq_nr, or a later timestamp (a reset id's new lifetime), replaces
-        what is in flight; a lower, older one never does."""
+        A newer one by (timestamp, seq_nr) — a later timestamp is a reset id's new
+        lifetime — replaces what is in flight (by seq_nr if a timestamp is unknown);
+        an older one never does."""
         current = self._inflight.get(persistence_id)
-        if (
-            current is None
-            or seq_nr > current.seq_nr
-            or (
-                timestamp is not None
-                and current.timestamp is not None
-                and timestamp > current.timestamp
-            )
+        if current is None or (
+            (seq_nr, timestamp) != (current.seq_nr, current.timestamp)
+            and _not_older(seq_nr, timestamp, current)
         ):
-            self._inflight[persistence_id] = _Handled(seq_nr, timestamp)
+            self._inflight[persistence_id] = _Handled(seq_nr, timestamp, timestamp)
 
     def discard_inflight(self) -> None:
         """The in-flight batch was rolled back: forget what it accepted."""
@@ -230,10 +257,15 @@ class OffsetState:
     def _handled(self, persistence_id: str) -> _Handled | None:
         # What is in flight was accepted against what is stored: it is newer.
         inflight = self._inflight.get(persistence_id)
-        if inflight is not None:
-            return inflight
         stored = self._by_pid.get(persistence_id)
-        return None if stored is None else _Handled(stored.seq_nr, stored.timestamp)
+        if inflight is None:
+            if stored is None:
+                return None
+            return _Handled(stored.seq_nr, stored.timestamp, stored.timestamp)
+        if inflight.since is None and stored is not None:
+            # Accepted without its timestamp: no older than the stored record.
+            return _Handled(inflight.seq_nr, None, stored.timestamp)
+        return inflight
 
     def seq_nr_of(self, persistence_id: str) -> int | None:
         """Highest handled (stored or in-flight) seq_nr of the pid, None if unknown."""
@@ -301,6 +333,10 @@ class OffsetState:
             return DUPLICATE  # before the offset set by management
         handled = self._handled(persistence_id)
         if handled is not None:
+            if handled.since is not None and timestamp < handled.since:
+                # Older than the pid's handled record: of its lifetime (a lower seq_nr),
+                # or of an earlier one, from before a handled tombstone. Never again.
+                return DUPLICATE
             if seq_nr <= handled.seq_nr:
                 return ACCEPTED if self._resets(seq_nr, timestamp, handled) else DUPLICATE
             if seq_nr == handled.seq_nr + 1:
