@@ -113,7 +113,10 @@ class ErasureSql:
         remains = (
             "SELECT EXISTS (SELECT 1 FROM {journal} WHERE persistence_id = %(pid)s AND {range})"
         )
-        below = sql.SQL("seq_nr < %(tombstone)s")
+        # Row 0 is a reset tombstone of an earlier erasure: it stays, since it is the
+        # only evidence that the id's lifetime before it ended (a projection that has
+        # not handled it yet would otherwise take the new lifetime for duplicates).
+        below = sql.SQL("seq_nr > 0 AND seq_nr < %(tombstone)s")
         above = sql.SQL("seq_nr > 0")
         return cls(
             tombstone=_TOMBSTONE.format(

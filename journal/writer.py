@@ -176,8 +176,10 @@ class WriterSql:
             highest=sql.SQL(
                 "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
             ).format(journal=journal),
+            # Row 0, a reset tombstone (`delete_all`), stays: it ends the id's earlier
+            # lifetime for projections that have not handled it yet.
             delete_before=sql.SQL(
-                "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr < %s"
+                "DELETE FROM {journal} WHERE persistence_id = %s AND seq_nr > 0 AND seq_nr < %s"
             ).format(journal=journal),
             mark_deleted=sql.SQL(
                 "UPDATE {journal} SET {marker} WHERE persistence_id = %s AND seq_nr = %s"
