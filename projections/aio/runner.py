@@ -186,14 +186,22 @@ class Projection:
         entity_type: str,
         slice_range: SliceRange,
         handler: Handler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> Projection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
-        `options`: `settings`, `recovery`, `query_settings`, `telemetry`.
+        Options (all keyword-only, each None for its default): `settings`
+        (`ProjectionSettings`), `recovery` (`RecoveryStrategy`, default fail),
+        `query_settings` (`QuerySettings`, default the journal's), `telemetry`
+        (`Telemetry`, default the process's `use_telemetry`).
         """
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -204,11 +212,18 @@ class Projection:
         entity_type: str,
         slice_range: SliceRange,
         handler: GroupedHandler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> Projection:
-        """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets."""
+        """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
+
+        Options as for `exactly_once`."""
         return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -219,11 +234,18 @@ class Projection:
         entity_type: str,
         slice_range: SliceRange,
         handler: AtLeastOnceHandler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> Projection:
-        """`handler(envelope)` outside any offset transaction; offsets saved periodically."""
+        """`handler(envelope)` outside any offset transaction; offsets saved periodically.
+
+        Options as for `exactly_once`."""
         return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -188,14 +188,22 @@ class SyncProjection:
         entity_type: str,
         slice_range: SliceRange,
         handler: SyncHandler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> SyncProjection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
-        `options`: `settings`, `recovery`, `query_settings`, `telemetry`.
+        Options (all keyword-only, each None for its default): `settings`
+        (`ProjectionSettings`), `recovery` (`RecoveryStrategy`, default fail),
+        `query_settings` (`QuerySettings`, default the journal's), `telemetry`
+        (`Telemetry`, default the process's `use_telemetry`).
         """
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -206,11 +214,18 @@ class SyncProjection:
         entity_type: str,
         slice_range: SliceRange,
         handler: SyncGroupedHandler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> SyncProjection:
-        """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets."""
+        """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
+
+        Options as for `exactly_once`."""
         return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -221,11 +236,18 @@ class SyncProjection:
         entity_type: str,
         slice_range: SliceRange,
         handler: SyncAtLeastOnceHandler,
-        **options: Any,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> SyncProjection:
-        """`handler(envelope)` outside any offset transaction; offsets saved periodically."""
+        """`handler(envelope)` outside any offset transaction; offsets saved periodically.
+
+        Options as for `exactly_once`."""
         return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range, **options)  # fmt: skip
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
