@@ -21,14 +21,15 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
-from journal.dsn import display_dsn
+from journal.dsn import display_dsn, dsn_secrets, redact_dsn, userinfo_problem
 from journal.errors import (
     ConnectionFailed,
     ConnectionLost,
     DatabaseError,
     InvalidArgument,
+    JournalClosed,
     JournalError,
     LockTimeout,
     PoolExhausted,
@@ -40,26 +41,12 @@ from journal.tables import Tables
 
 MASK = "***"
 
-# Where a password may sit in a DSN that cannot be parsed: `user:secret@` in a
-# URL-like string, or `password=secret` / `password='se cret'` in key=value form.
-_URL_SECRET = re.compile(r"(?<=:)([^:@/\s]+)(?=@)")
-_KV_SECRET = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
-
-
-def _secrets(dsn: str) -> list[str]:
-    """Every substring of `dsn` that may be a password (longest first)."""
-    found = {m.group(1) for m in _URL_SECRET.finditer(dsn)}
-    found |= {m.group(1) for m in _KV_SECRET.finditer(dsn)}
-    with contextlib.suppress(psycopg.Error):
-        password = conninfo_to_dict(dsn).get("password")
-        if password:
-            found.add(str(password))
-    return sorted((s for s in found if s), key=len, reverse=True)
-
 
 def mask_secrets(text: str, dsn: str) -> str:
-    """`text` with every password-like part of `dsn` replaced by `***`."""
-    for secret in _secrets(dsn):
+    """`text` with the DSN (as written) shown redacted and every password-like part of
+    it replaced by `***`."""
+    text = text.replace(dsn, redact_dsn(dsn))
+    for secret in dsn_secrets(dsn):
         text = text.replace(secret, MASK)
     return text
 
@@ -76,11 +63,14 @@ def parse_dsn(dsn: object) -> dict[str, Any]:
     """The DSN's parameters, or `InvalidArgument` (password masked) if it is malformed."""
     if not isinstance(dsn, str):
         raise InvalidArgument(f"DSN must be a str, got {type(dsn).__name__}")
+    problem = userinfo_problem(dsn)
+    if problem is not None:
+        raise InvalidArgument(f"invalid DSN {redact_dsn(dsn)!r}: {problem}")
     try:
         return conninfo_to_dict(dsn)
     except psycopg.Error as e:
         raise InvalidArgument(
-            f"invalid DSN {mask_secrets(dsn, dsn)!r}: {mask_secrets(one_line(e), dsn)}"
+            f"invalid DSN {redact_dsn(dsn)!r}: {mask_secrets(one_line(e), dsn)}"
         ) from None
 
 
@@ -181,13 +171,19 @@ def schema_missing(
     )
 
 
+def connect_timeout_of(dsn: str, default: int) -> dict[str, Any]:
+    """`{"connect_timeout": default}`, or nothing if the DSN sets its own (which wins)."""
+    return {} if "connect_timeout" in parse_dsn(dsn) else {"connect_timeout": default}
+
+
 def pool_kwargs(
-    settings: JournalSettings, name: str, application_name: str | None
+    settings: JournalSettings, name: str, application_name: str | None, dsn: str = ""
 ) -> dict[str, Any]:
-    """The pool arguments both drivers' pools are built with (closed until `open_checked`)."""
+    """The pool arguments both drivers' pools are built with (closed until `open_checked`);
+    a `connect_timeout` in the DSN wins over the settings'."""
     kwargs: dict[str, Any] = {
         "autocommit": True,
-        "connect_timeout": settings.connect_timeout_seconds,
+        **connect_timeout_of(dsn, settings.connect_timeout_seconds),
     }
     if application_name is not None:
         kwargs["application_name"] = application_name
@@ -221,6 +217,12 @@ def driver_errors() -> Iterator[None]:
         yield
     except JournalError:
         raise
+    except PoolClosed as e:  # an OperationalError, but nothing was lost: nothing was sent
+        state = "not open yet" if "not open yet" in str(e) else "closed"
+        raise JournalClosed(
+            f"the journal is {state}: nothing was sent to the database ({one_line(e)}); "
+            "use it between `open()` (or `Journal.connect`) and `close()`"
+        ) from e
     except PoolTimeout as e:
         raise PoolExhausted(f"no pooled connection became free in time: {one_line(e)}") from e
     except psycopg.errors.QueryCanceled as e:

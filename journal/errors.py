@@ -39,6 +39,12 @@ class ConnectionLost(JournalError):
     the call's outcome is unknown unless it was a read. The psycopg error is `__cause__`."""
 
 
+class JournalClosed(JournalError, RuntimeError):
+    """The journal was used after `close()` (or before `open()`): nothing was sent to the
+    database, so no write's outcome is in doubt. Open a new `Journal`; a closed one
+    cannot be reopened. Also a `RuntimeError`."""
+
+
 class PoolExhausted(JournalError):
     """No pooled connection became free within the pool's timeout (raise
     `JournalSettings.pool_max_size`, or look for connections held too long)."""

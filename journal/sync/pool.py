@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from journal.connection import (
     connect_errors,
+    connect_timeout_of,
     parse_dsn,
     pool_kwargs,
     pool_timed_out,
@@ -41,9 +42,8 @@ def connect(
         {} if application_name is None else {"application_name": application_name}
     )
     with connect_errors(dsn):
-        return Connection.connect(
-            dsn, autocommit=autocommit, connect_timeout=connect_timeout, **extra
-        )
+        extra.update(connect_timeout_of(dsn, connect_timeout))  # the DSN's own wins
+        return Connection.connect(dsn, autocommit=autocommit, **extra)
 
 
 def open_connection(
@@ -65,7 +65,7 @@ class SyncJournalPool(ConnectionPool[Connection[Any]]):
         self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
     ) -> None:
         """`application_name` names the server sessions (the read pools' mark them as readers)."""
-        super().__init__(dsn, **pool_kwargs(settings, name, application_name))
+        super().__init__(dsn, **pool_kwargs(settings, name, application_name, dsn))
         self._dsn = dsn
         self._tables = Tables(settings)
         self._where = where_of(parse_dsn(dsn))
