@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
 from projections.core import Mode, ProjectionCore, ProjectionStats
-from projections.errors import LeaseLost, OffsetConflict, ProjectionError, UnknownProjection
+from projections.errors import (
+    LeaseLost,
+    OffsetConflict,
+    ProjectionError,
+    UnknownProjection,
+    WaitTimeout,
+)
 from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.retention import (
@@ -147,6 +153,7 @@ __all__ = [
     "UnknownProjection",
     "Validation",
     "Verdict",
+    "WaitTimeout",
     "WorkerApp",
     "WorkerSettings",
     "parse_duration",

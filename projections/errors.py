@@ -42,3 +42,13 @@ class UnknownProjection(JournalError):
             "and no dead letters (check the name; a projection is known once it has "
             "processed an event or been paused, resumed or given an offset)"
         )
+
+
+class WaitTimeout(JournalError):
+    """`ProjectionManagement.wait_for` timed out: the projection had not handled every
+    given event. `pending` lists the (persistence_id, seq_nr) it was still waiting for."""
+
+    def __init__(self, message: str, *, name: str, pending: list[tuple[str, int]]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.pending = pending

@@ -13,6 +13,7 @@ and their migration key stay valid.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from functools import cached_property
@@ -52,6 +53,13 @@ class ProjectionTables:
     @cached_property
     def offset_store(self) -> sql.Identifier:
         return self._qualified(self.names.offset_table)
+
+    @cached_property
+    def commit_channel(self) -> str:
+        """The NOTIFY channel on which running instances announce committed offsets
+        (`ProjectionManagement.wait_for` listens): short, fixed-length, safe."""
+        key = f"{self.schema_name}\x00{self.names.offset_table}".encode()
+        return "slicejournal_o_" + hashlib.sha1(key).hexdigest()[:16]
 
     @cached_property
     def management(self) -> sql.Identifier:

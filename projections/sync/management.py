@@ -13,12 +13,13 @@ split into ranges is. `SyncProjectionManagement` is generated from this module.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from psycopg import Connection
 
+from journal.model import EventEnvelope
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
 from projections.backlog import Backlog
@@ -33,7 +34,9 @@ from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
 from projections.settings import ProjectionTableNames
 from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog
+from projections.sync.wait import wait_until_handled
 from projections.tables import projection_tables, translate_projection_errors
+from projections.wait import check_targets, check_timeout
 
 
 class SyncProjectionManagement:
@@ -132,6 +135,29 @@ class SyncProjectionManagement:
         validate_entity_type(entity_type)
         with self._journal.pool.connection() as conn:
             return read_backlog(conn, self._sql, name, entity_type, SliceRange.check(slice_range))
+
+    @translate_projection_errors
+    def wait_for(
+        self,
+        name: str,
+        events: Iterable[EventEnvelope | tuple[str, int]],
+        *,
+        timeout: float = 10.0,
+    ) -> None:
+        """Return once projection `name` has handled every one of `events` (read your
+        writes: append, `wait_for`, then read the read model).
+
+        `events`: the envelopes `append` returned, or `(persistence_id, seq_nr)`
+        pairs. Woken by the notification a running instance (in any process: a
+        group, a fleet worker) sends after committing offsets; raises `WaitTimeout`
+        after `timeout` seconds, naming what is still pending. An event no longer
+        in the journal (deleted by retention or an erasure) counts as handled.
+        """
+        validate_name(name)
+        targets = check_targets(events)
+        seconds = check_timeout(timeout)
+        if targets:
+            wait_until_handled(self._journal, self.tables, name, targets, seconds)
 
     @translate_projection_errors
     def require_known(self, name: str) -> None:

@@ -55,6 +55,8 @@ from journal.sync.flavour import (
     wait_event,
 )
 from journal.sync.journal import SyncJournal
+from journal.sync.notifications import Notifier
+from journal.sync.pool import connect
 from projections.core import (
     Action,
     Commit,
@@ -176,6 +178,9 @@ class SyncProjection:
         # None: the process's telemetry (`use_telemetry`) when a run starts.
         self._telemetry = telemetry
         self._tel: InstanceTelemetry = NO_INSTANCE_TELEMETRY
+        # Announces committed offsets to `SyncProjectionManagement.wait_for` (any process);
+        # a fresh one per run, closed (flushed) when the run ends.
+        self._commits: Notifier | None = None
 
     # -- construction --------------------------------------------------------------
 
@@ -306,6 +311,13 @@ class SyncProjection:
             with self.journal.pool.connection() as conn:
                 records = self._dao.load(conn, self.slice_range)
             start = self._core.start(records)
+            journal = self.journal
+            self._commits = Notifier(
+                self.tables.commit_channel,
+                partial(
+                    connect, journal.dsn, connect_timeout=journal.settings.connect_timeout_seconds
+                ),
+            )
             _log.info(
                 "projection %s %s started (%s %s, entity type %r, resuming from %s)",
                 self.name,
@@ -351,6 +363,7 @@ class SyncProjection:
             tel.stopped(None)
         finally:
             cancel_and_wait(sampler)
+            self._close_commits()
             self._running = False
             # Consumed: a later run() starts afresh, a stop() before it is kept.
             self._stop.clear()
@@ -471,6 +484,7 @@ class SyncProjection:
                 if self._tel is not NO_INSTANCE_TELEMETRY:
                     self._tel.offsets_stored(len(commit.events if skipped else commit.records))
                 action = (core.skipped if skipped else core.committed)(self._now())
+                self._committed()
             else:
                 try:
                     with self.journal.pool.connection() as conn, conn.transaction():
@@ -480,6 +494,18 @@ class SyncProjection:
                     raise
                 self._tel.offsets_stored(len(action.records))
                 action = core.committed(self._now())
+                self._committed()
+
+    def _committed(self) -> None:
+        """Offsets were committed: tell waiters (`wait_for`) soon, coalesced."""
+        if self._commits is not None:
+            self._commits.changed(self.name, self.slice_range.min_slice)
+
+    def _close_commits(self) -> None:
+        commits, self._commits = self._commits, None
+        if commits is not None:
+            with contextlib.suppress(Exception):
+                commits.close()
 
     def _batch(
         self,
