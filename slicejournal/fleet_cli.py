@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import attrs
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -34,7 +35,7 @@ from journal.errors import JournalError
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.backlog import Backlog
-from projections.fleet.status import FleetStatus, LeaseStatus, orphan_message
+from projections.fleet.status import FleetStatus, LeaseStatus, NoFleet, orphan_message
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
@@ -409,10 +410,198 @@ def _show(status: FleetStatus, args: argparse.Namespace, rates: Any = None) -> N
         print(flush=True)
 
 
+# Every projection name the tables know (a fleet's, an in-process one's, a registered
+# or retired one's), with what `status` shows of each.
+_OVERVIEW = """
+WITH names AS (
+  SELECT projection_name FROM {o} UNION SELECT projection_name FROM {m}
+  UNION SELECT projection_name FROM {d} UNION SELECT projection_name FROM {f}
+  UNION SELECT projection_name FROM {r})
+SELECT n.projection_name, f.instances, coalesce(f.entity_type, g.entity_type),
+  (SELECT count(*) FROM {w} AS w WHERE w.projection_name = n.projection_name
+     AND w.expires_at > now()),
+  (SELECT array_agg(m.projection_key ORDER BY m.projection_key) FROM {m} AS m
+     WHERE m.projection_name = n.projection_name AND m.paused),
+  (SELECT max(timestamp_offset) FROM {o} AS o WHERE o.projection_name = n.projection_name),
+  (SELECT count(*) FROM {d} AS d WHERE d.projection_name = n.projection_name),
+  coalesce(g.retired, false),
+  (SELECT array_agg(DISTINCT split_part(o.persistence_id, '|', 1)) FROM {o} AS o
+     WHERE o.projection_name = n.projection_name AND o.persistence_id <> %(progress_pid)s)
+FROM names AS n
+LEFT JOIN {f} AS f USING (projection_name)
+LEFT JOIN {r} AS g USING (projection_name)
+{where}
+ORDER BY 1"""
+
+
+@attrs.frozen
+class Overview:
+    """One projection as `status` lists it."""
+
+    name: str
+    instances: int | None  # None: no fleet (it runs in-process)
+    entity_type: str | None  # the fleet's or the registry's; None if neither knows
+    seen_entity_types: tuple[str, ...]  # those of the ids in its offset rows
+    live_workers: int
+    paused: tuple[str, ...]  # "*" (all ranges) or "min-max"
+    latest_offset: datetime | None
+    dead_letters: int
+    retired: bool
+
+    @property
+    def kind(self) -> str:
+        """ "fleet" (run by `slicejournal worker`) or "in-process"."""
+        return "in-process" if self.instances is None else "fleet"
+
+    @property
+    def known_entity_type(self) -> str | None:
+        """The entity type, or the only one its offsets show; None if not one."""
+        if self.entity_type is not None:
+            return self.entity_type
+        return self.seen_entity_types[0] if len(self.seen_entity_types) == 1 else None
+
+
+async def overview(journal: Journal, name: str | None = None) -> list[Overview]:
+    """Every projection the tables know (or only `name`), fleets and in-process alike."""
+    from projections.offset_store import PROGRESS_PID
+    from projections.tables import projection_tables
+
+    t = projection_tables(journal.tables, None)
+    where = sql.SQL("WHERE n.projection_name = %(name)s" if name is not None else "")
+    query = sql.SQL(_OVERVIEW).format(
+        o=t.offset_store, m=t.management, d=t.dead_letter, f=t.fleet, r=t.registry,
+        w=t.fleet_worker, where=where,
+    )  # fmt: skip
+    async with journal.pool.connection() as conn:
+        cur = await conn.execute(query, {"progress_pid": PROGRESS_PID, "name": name})
+        rows = await cur.fetchall()
+    return [
+        Overview(
+            n,
+            inst,
+            et,
+            tuple(sorted(seen or ())),
+            int(workers),
+            tuple(paused or ()),
+            latest,
+            int(dead),
+            bool(retired),
+        )
+        for n, inst, et, workers, paused, latest, dead, retired, seen in rows
+    ]
+
+
+def _entity_cell(o: Overview) -> str:
+    if o.entity_type is not None:
+        return o.entity_type
+    return ",".join(o.seen_entity_types) + " (seen)" if o.seen_entity_types else "?"
+
+
+def _paused_cell(o: Overview) -> str:
+    if not o.paused:
+        return "no"
+    return "yes" if ALL_PAUSED in o.paused else "ranges " + ",".join(o.paused)
+
+
+ALL_PAUSED = "*"
+
+
+def format_overview(rows: Sequence[Overview]) -> str:
+    """The table `status` prints without a name."""
+    if not rows:
+        return "no projections: none has stored an offset, been paused, registered or run"
+    table: list[tuple[str, ...]] = [
+        ("name", "kind", "entity_type", "instances", "workers", "latest_offset", "paused",
+         "dead_letters")
+    ]  # fmt: skip
+    for o in rows:
+        kind = o.kind + (" (retired)" if o.retired else "")
+        latest = (
+            "-" if o.latest_offset is None else o.latest_offset.isoformat(timespec="milliseconds")
+        )
+        instances = "-" if o.instances is None else str(o.instances)
+        table.append((o.name, kind, _entity_cell(o), instances, str(o.live_workers), latest,
+                      _paused_cell(o), str(o.dead_letters)))  # fmt: skip
+    return "\n".join(aligned(table))
+
+
+def overview_document(o: Overview) -> dict[str, Any]:
+    """One projection of `status --json` without a name."""
+    return {
+        "projection": o.name,
+        "kind": o.kind,
+        "entity_type": o.entity_type,
+        "seen_entity_types": list(o.seen_entity_types),
+        "instances": o.instances,
+        "live_workers": o.live_workers,
+        "paused": list(o.paused),
+        "latest_offset": _iso(o.latest_offset),
+        "dead_letters": o.dead_letters,
+        "retired": o.retired,
+    }
+
+
+async def in_process_status(journal: Journal, o: Overview) -> dict[str, Any]:
+    """`status NAME --json` of a projection with no fleet: what the tables know of it
+    (the backlog too, when its entity type is known)."""
+    doc = overview_document(o)
+    doc.update(resume_from=None, journal_head=None, backlog_age_seconds=None,
+               backlog_events=None, backlog_capped=None)  # fmt: skip
+    entity_type = o.known_entity_type
+    if entity_type is not None:
+        (r,) = await ProjectionManagement(journal).status(o.name, entity_type, 1)
+        b = r.backlog
+        doc.update(
+            resume_from=_iso(r.resume_from),
+            journal_head=_iso(r.journal_head),
+            backlog_age_seconds=None if b is None else b.age_seconds,
+            backlog_events=None if b is None else b.size,
+            backlog_capped=None if b is None else b.capped,
+        )
+    return doc
+
+
+def format_in_process(doc: Mapping[str, Any]) -> str:
+    """`status NAME` of a projection with no fleet."""
+    entity = doc["entity_type"] or (
+        ",".join(doc["seen_entity_types"]) + " (seen)" if doc["seen_entity_types"] else "unknown"
+    )
+    paused = doc["paused"]
+    lines = [
+        f"projection {doc['projection']} (entity type {entity}): in-process, no fleet worker "
+        "registered it" + (" (retired)" if doc["retired"] else ""),
+        f"  latest offset: {doc['latest_offset'] or '-'}",
+        f"  resumes from:  {doc['resume_from'] or '-'}",
+    ]
+    if doc["backlog_events"] is not None:
+        capped = "+" if doc["backlog_capped"] else ""
+        lines.append(f"  backlog:       {doc['backlog_events']}{capped} event(s), the oldest "
+                     f"waiting {doc['backlog_age_seconds']:.1f}s")  # fmt: skip
+    else:
+        lines.append("  backlog:       - (entity type not known)")
+    shown = (
+        "no" if not paused else ("yes" if ALL_PAUSED in paused else "ranges " + ",".join(paused))
+    )
+    lines.append(f"  paused:        {shown}")
+    letters = doc["dead_letters"]
+    tail = f" (slicejournal dead-letters {doc['projection']})" if letters else ""
+    lines.append(f"  dead letters:  {letters}{tail}")
+    return "\n".join(lines)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.name is None:
+        return cmd_status_all(args)
+
     async def body(journal: Journal) -> int:
         control = FleetControl(journal)
-        status = await control.status(args.name)
+        try:
+            status = await control.status(args.name)
+        except NoFleet:
+            (o,) = await overview(journal, args.name)
+            doc = await in_process_status(journal, o)
+            print(json.dumps(doc) if args.json else format_in_process(doc), flush=True)
+            return 0
         _show(status, args, {} if args.watch else None)
         refreshes = 1
         while args.watch and (args.count is None or refreshes < args.count):
@@ -430,6 +619,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         return asyncio.run(_with_journal(args, body))
     except KeyboardInterrupt:  # Ctrl-C ends --watch: that is how it is meant to stop
         return 0
+
+
+def cmd_status_all(args: argparse.Namespace) -> int:
+    """`status` without a name: every projection, fleets and in-process ones."""
+    if args.watch:
+        raise InvalidArgument("status --watch needs a projection NAME")
+
+    async def body(journal: Journal) -> int:
+        rows = await overview(journal)
+        if args.json:
+            print(json.dumps([overview_document(o) for o in rows]), flush=True)
+        else:
+            print(format_overview(rows), flush=True)
+        return 0
+
+    return asyncio.run(_with_journal(args, body))
 
 
 def _management_command(
@@ -537,10 +742,16 @@ def add_fleet_parsers(
                    help="seconds to wait for convergence (default 120)")  # fmt: skip
     p.set_defaults(func=cmd_scale)
 
-    p = sub.add_parser("status", parents=[common], help="ranges, owners, epochs, backlog",
-                       description="One line per range of the current split. Exits 3 if a "
-                       "range has had no owner for longer than twice the lease TTL.")  # fmt: skip
-    p.add_argument("name")
+    p = sub.add_parser("status", parents=[common],
+                       help="every projection; or one: ranges, owners, epochs, backlog",
+                       description="Without NAME: one line per projection the schema knows "
+                       "(fleets and in-process ones: kind, entity type, latest offset, paused, "
+                       "dead letters). With NAME: one line per range of a fleet's current "
+                       "split (exits 3 if a range has had no owner for longer than twice the "
+                       "lease TTL), or, for a projection that runs in-process, its offsets, "
+                       "backlog, pauses and dead letters.")  # fmt: skip
+    p.add_argument("name", nargs="?", default=None,
+                   help="the projection's name (default: list every projection)")  # fmt: skip
     p.add_argument("--json", action="store_true",
                    help="one JSON object (with --watch: one per refresh, a line each)")  # fmt: skip
     p.add_argument("--watch", action="store_true",

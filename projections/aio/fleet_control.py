@@ -23,7 +23,7 @@ from projections.aio.management import ProjectionManagement
 from projections.aio.offset_dao import OffsetDao
 from projections.errors import UnknownProjection
 from projections.fleet.lease_sql import FleetSql
-from projections.fleet.status import FleetStatus, LeaseStatus
+from projections.fleet.status import FleetStatus, LeaseStatus, NoFleet
 from projections.management import check_timestamp
 from projections.names import validate_name
 from projections.settings import ProjectionTableNames
@@ -56,21 +56,31 @@ class FleetControl:
                 return True
             cur = await conn.execute(self._sql.fleet, (name,))
             if await cur.fetchone() is None:
-                raise UnknownProjection(name)
+                raise await self._not_a_fleet(name)
         return False
+
+    async def _not_a_fleet(self, name: str) -> UnknownProjection:
+        """`NoFleet` for a projection known otherwise (in-process), else `UnknownProjection`."""
+        try:
+            await self._management.require_known(name)
+        except UnknownProjection as e:
+            return e
+        return NoFleet(name)
 
     @translate_projection_errors
     async def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
-        Raises `UnknownProjection` if no worker ever registered the projection.
+        Raises `UnknownProjection` if no worker ever registered the projection:
+        `NoFleet` (a subclass) if it is known otherwise, running in-process.
         """
         validate_name(name)
         async with self._journal.pool.connection() as conn:
             cur = await conn.execute(self._sql.fleet, (name,))
             row = await cur.fetchone()
-            if row is None:
-                raise UnknownProjection(name)
+        if row is None:
+            raise await self._not_a_fleet(name)
+        async with self._journal.pool.connection() as conn:
             instances, entity_type, ttl_ms, now, updated_at = row
             cur = await conn.execute(self._sql.live_workers, (name,))
             workers = tuple(w for (w,) in await cur.fetchall())

@@ -10,9 +10,28 @@ from datetime import datetime, timedelta
 
 import attrs
 
+from journal.errors import JournalError
 from journal.slices import SliceRange
 from projections.backlog import Backlog
+from projections.errors import UnknownProjection
 from projections.management import RangeStatus
+
+
+class NoFleet(UnknownProjection):
+    """`FleetControl.status` / `scale` of a projection that is known (it stored
+    offsets, was paused or resumed, or dead-lettered an envelope) but that no fleet
+    worker ever registered: it runs in-process (a `Projection` or `ProjectionGroup` in
+    the application's own process). `ProjectionManagement.status` reports it. An
+    `UnknownProjection` too, so code waiting for a fleet to appear keeps waiting."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        JournalError.__init__(
+            self,
+            f"projection {name!r} has no fleet: no `slicejournal worker` ever registered it "
+            "(it runs in-process); `slicejournal status NAME` shows its offsets, pauses, "
+            "backlog and dead letters",
+        )
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ from journal.sync.flavour import sleep
 from journal.sync.journal import SyncJournal
 from projections.errors import UnknownProjection
 from projections.fleet.lease_sql import FleetSql
-from projections.fleet.status import FleetStatus, LeaseStatus
+from projections.fleet.status import FleetStatus, LeaseStatus, NoFleet
 from projections.management import check_timestamp
 from projections.names import validate_name
 from projections.settings import ProjectionTableNames
@@ -58,21 +58,31 @@ class SyncFleetControl:
                 return True
             cur = conn.execute(self._sql.fleet, (name,))
             if cur.fetchone() is None:
-                raise UnknownProjection(name)
+                raise self._not_a_fleet(name)
         return False
+
+    def _not_a_fleet(self, name: str) -> UnknownProjection:
+        """`NoFleet` for a projection known otherwise (in-process), else `UnknownProjection`."""
+        try:
+            self._management.require_known(name)
+        except UnknownProjection as e:
+            return e
+        return NoFleet(name)
 
     @translate_projection_errors
     def status(self, name: str) -> FleetStatus:
         """The desired split, the live workers and every range's lease and progress.
 
-        Raises `UnknownProjection` if no worker ever registered the projection.
+        Raises `UnknownProjection` if no worker ever registered the projection:
+        `NoFleet` (a subclass) if it is known otherwise, running in-process.
         """
         validate_name(name)
         with self._journal.pool.connection() as conn:
             cur = conn.execute(self._sql.fleet, (name,))
             row = cur.fetchone()
-            if row is None:
-                raise UnknownProjection(name)
+        if row is None:
+            raise self._not_a_fleet(name)
+        with self._journal.pool.connection() as conn:
             instances, entity_type, ttl_ms, now, updated_at = row
             cur = conn.execute(self._sql.live_workers, (name,))
             workers = tuple(w for (w,) in cur.fetchall())
