@@ -13,13 +13,14 @@ split into ranges is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import attrs
 
 from journal.errors import InvalidArgument
-from journal.slices import SliceRange
+from journal.slices import SliceRange, validate_persistence_id
 from projections.backlog import Backlog
 
 
@@ -59,6 +60,44 @@ class DeadLetter:
     db_timestamp: datetime
     error: str
     failed_at: datetime
+    #: "parked" (skipped, nothing asked), "pending" (a replay was requested and the
+    #: instance owning the slice has not run it yet), "replayed" (handled again; kept
+    #: as a record). A replay that failed is "parked" again with the new `error`.
+    status: str = "parked"
+    replayed_at: datetime | None = None
+    #: How many replays of it failed.
+    replay_failures: int = 0
+
+
+def dead_letter_of(row: Sequence[Any]) -> DeadLetter:
+    """A dead-letter row (`ManagementSql.dead_letters`'s columns) as a `DeadLetter`."""
+    pid, seq_nr, slice_, db_timestamp, error, failed_at, requested, replayed, failures = row
+    status = "replayed" if replayed is not None else "pending" if requested else "parked"
+    return DeadLetter(
+        pid, seq_nr, slice_, db_timestamp, error, failed_at, status, replayed, failures
+    )
+
+
+def check_letters(letters: object) -> list[tuple[str, int]] | None:
+    """None (every letter), or a list of (persistence_id, seq_nr); `InvalidArgument`."""
+    if letters is None:
+        return None
+    if isinstance(letters, str | bytes) or not isinstance(letters, Iterable):
+        raise InvalidArgument(
+            f"letters must be (persistence_id, seq_nr) pairs or None, got {letters!r}"
+        )
+    out = []
+    for letter in letters:
+        if (
+            not isinstance(letter, tuple)
+            or len(letter) != 2
+            or not isinstance(letter[0], str)
+            or isinstance(letter[1], bool)
+            or not isinstance(letter[1], int)
+        ):
+            raise InvalidArgument(f"a letter is a (persistence_id, seq_nr) pair, got {letter!r}")
+        out.append((validate_persistence_id(letter[0]), letter[1]))
+    return out
 
 
 def check_ranges(ranges: object) -> list[SliceRange]:

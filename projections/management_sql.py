@@ -37,8 +37,33 @@ class ManagementSql:
             "db_timestamp, error) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         ).format(d=t.dead_letter)
         self.dead_letters = sql.SQL(
-            "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at FROM {d} "
+            "SELECT persistence_id, seq_nr, slice, db_timestamp, error, failed_at, "
+            "replay_requested_at, replayed_at, replay_failures FROM {d} "
             "WHERE projection_name = %s ORDER BY failed_at, persistence_id, seq_nr"
+        ).format(d=t.dead_letter)
+        # Replay (migration 0003): an operator's request, what an instance picks up for
+        # its slices, and the outcome. Marking a letter replayed locks its row, so of two
+        # instances (a rescale's old and new owner) only one replays it.
+        self.request_replay = sql.SQL(
+            "UPDATE {d} SET replay_requested_at = now() "
+            "WHERE projection_name = %(name)s AND replayed_at IS NULL AND (%(all)s OR "
+            "(persistence_id, seq_nr) IN (SELECT * FROM unnest(%(pids)s::text[], "
+            "%(seqs)s::bigint[]))) RETURNING persistence_id, seq_nr"
+        ).format(d=t.dead_letter)
+        self.pending_replays = sql.SQL(
+            "SELECT persistence_id, seq_nr FROM {d} WHERE projection_name = %s "
+            "AND slice BETWEEN %s AND %s AND replay_requested_at IS NOT NULL "
+            "AND replayed_at IS NULL ORDER BY db_timestamp, persistence_id, seq_nr LIMIT 100"
+        ).format(d=t.dead_letter)
+        self.mark_replayed = sql.SQL(
+            "UPDATE {d} SET replayed_at = now() WHERE projection_name = %s "
+            "AND persistence_id = %s AND seq_nr = %s AND replay_requested_at IS NOT NULL "
+            "AND replayed_at IS NULL"
+        ).format(d=t.dead_letter)
+        self.replay_failed = sql.SQL(
+            "UPDATE {d} SET error = %s, failed_at = now(), replay_requested_at = NULL, "
+            "replay_failures = replay_failures + 1 WHERE projection_name = %s "
+            "AND persistence_id = %s AND seq_nr = %s AND replayed_at IS NULL"
         ).format(d=t.dead_letter)
         self.offsets = sql.SQL(
             "SELECT max(latest), min(latest), count(*) FROM ("

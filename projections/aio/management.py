@@ -27,8 +27,10 @@ from projections.errors import UnknownProjection
 from projections.management import (
     DeadLetter,
     RangeStatus,
+    check_letters,
     check_ranges,
     check_timestamp,
+    dead_letter_of,
 )
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
@@ -174,7 +176,34 @@ class ProjectionManagement:
 
     @translate_projection_errors
     async def dead_letters(self, name: str) -> list[DeadLetter]:
-        """Envelopes the projection skipped, with their errors."""
+        """Envelopes the projection skipped, with their errors and replay status."""
         async with self._journal.pool.connection() as conn:
             cur = await conn.execute(self._sql.dead_letters, (validate_name(name),))
-            return [DeadLetter(*row) for row in await cur.fetchall()]
+            return [dead_letter_of(row) for row in await cur.fetchall()]
+
+    @translate_projection_errors
+    async def replay_dead_letters(
+        self, name: str, letters: Sequence[tuple[str, int]] | None = None
+    ) -> list[tuple[str, int]]:
+        """Ask the running instances to hand dead letters to their handler again.
+
+        `letters`: `(persistence_id, seq_nr)` pairs, or None for every letter of the
+        projection not replayed yet. The instance that owns a letter's slice (in any
+        process: a group, a fleet worker) picks the request up within
+        `management_poll_interval`, re-reads the event from the journal and runs the
+        handler once — for exactly-once and grouped projections in the transaction
+        that marks the letter replayed. A replay that fails keeps the letter parked
+        with the new error (`dead_letters` shows it). Spark-run projections do not
+        replay: their letters stay pending. Returns the letters asked for."""
+        validate_name(name)
+        wanted = check_letters(letters)
+        params = {
+            "name": name,
+            "all": wanted is None,
+            "pids": [p for p, _ in wanted or ()],
+            "seqs": [s for _, s in wanted or ()],
+        }
+        async with self._journal.pool.connection() as conn:
+            await self._require_known(conn, name)
+            cur = await conn.execute(self._sql.request_replay, params)
+            return sorted((str(p), int(s)) for p, s in await cur.fetchall())

@@ -62,6 +62,7 @@ from projections.aio.offset_dao import (
     range_is_paused,
     read_backlog,
 )
+from projections.aio.replay import DeadLetterReplayer
 from projections.core import (
     Action,
     Commit,
@@ -179,6 +180,9 @@ class Projection:
         # Announces committed offsets to `ProjectionManagement.wait_for` (any process);
         # a fresh one per run, closed (flushed) when the run ends.
         self._commits: Notifier | None = None
+        self._replayer = DeadLetterReplayer(
+            journal, self.tables, self.name, self.slice_range, mode, handler
+        )
 
     # -- construction --------------------------------------------------------------
 
@@ -425,6 +429,8 @@ class Projection:
                     await self._flush()
                     await wait_event(self._stop, poll)
                     continue
+                # Dead letters an operator asked to replay, of this instance's slices.
+                await self._replayer.run_pending(self._fence, self._raise_offset_failure)
             if now >= next_cleanup:
                 next_cleanup = now + self.settings.cleanup_interval.total_seconds()
                 await self._cleanup()

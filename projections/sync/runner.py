@@ -83,6 +83,7 @@ from projections.sync.offset_dao import (
     range_is_paused,
     read_backlog,
 )
+from projections.sync.replay import DeadLetterReplayer
 from projections.tables import ProjectionTables
 from projections.telemetry import (
     NO_INSTANCE_TELEMETRY,
@@ -181,6 +182,9 @@ class SyncProjection:
         # Announces committed offsets to `SyncProjectionManagement.wait_for` (any process);
         # a fresh one per run, closed (flushed) when the run ends.
         self._commits: Notifier | None = None
+        self._replayer = DeadLetterReplayer(
+            journal, self.tables, self.name, self.slice_range, mode, handler
+        )
 
     # -- construction --------------------------------------------------------------
 
@@ -425,6 +429,8 @@ class SyncProjection:
                     self._flush()
                     wait_event(self._stop, poll)
                     continue
+                # Dead letters an operator asked to replay, of this instance's slices.
+                self._replayer.run_pending(self._fence, self._raise_offset_failure)
             if now >= next_cleanup:
                 next_cleanup = now + self.settings.cleanup_interval.total_seconds()
                 self._cleanup()
