@@ -30,7 +30,7 @@ class ConnectionFailed(JournalError):
     """PostgreSQL could not be reached or refused the connection (host, port and reason named).
 
     Raised within the `connect_timeout` of `JournalSettings` by `Journal.connect`,
-    `Journal.open` and `slicejournal init`; the message never contains the password.
+    `Journal.open` and `slicejournal migrate`; the message never contains the password.
     """
 
 
@@ -65,7 +65,7 @@ class DatabaseError(JournalError):
 
 
 class SchemaNotInitialized(JournalError):
-    """A journal table does not exist: run `slicejournal init` (or pass `create_schema=True`)."""
+    """A journal table does not exist: run `slicejournal migrate` (or pass `create_schema=True`)."""
 
     def __init__(self, schema: str, table: str, where: str | None = None) -> None:
         self.schema = schema
@@ -73,7 +73,7 @@ class SchemaNotInitialized(JournalError):
         location = f" in {where}" if where else ""
         super().__init__(
             f"table {schema}.{table} does not exist{location}: the journal schema {schema!r} "
-            f"is not initialised; run `slicejournal init --dsn DSN --schema {shlex.quote(schema)}` "
+            f"is not initialised; run `slicejournal migrate --dsn DSN --schema {shlex.quote(schema)}` "
             "once, or pass create_schema=True to Journal.connect"
         )
 

@@ -1,15 +1,18 @@
-"""The `slicejournal` command: `init` / `migrate` bring the schema to this release,
-`demo` runs the showcase, `server` manages the embedded PostgreSQL, `worker` runs a
-share of a projection fleet and `scale`, `status`, `pause`, `resume`, `set-offset`,
-`clear-offset` and `dead-letters` operate it; `retention apply` deletes old events no
-projection still needs and `projections list | register | retire` manage what holds it."""
+"""The `slicejournal` command: `migrate` brings the schema to this release (`init` is
+its deprecated name), `demo` runs the showcase, `server` manages the embedded
+PostgreSQL, `worker` runs a share of a projection fleet and `scale`, `status`, `pause`,
+`resume`, `set-offset`, `clear-offset` and `dead-letters` operate it; `retention apply`
+deletes old events no projection still needs and `projections list | register |
+retire` manage what holds it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 import attrs
 
@@ -29,7 +32,9 @@ SPARK_DEMO_SCHEMA = "slicejournal_spark_demo"
 MAX_LOCK_TIMEOUT_SECONDS = 2_147_483
 
 
-async def _migrate(dsn: str, settings: JournalSettings, *, dry_run: bool) -> list[Migration]:
+async def _migrate(
+    dsn: str, settings: JournalSettings, *, dry_run: bool, quiet: bool = False
+) -> list[Migration]:
     import psycopg
 
     from journal.aio.migrate import migrate
@@ -41,12 +46,48 @@ async def _migrate(dsn: str, settings: JournalSettings, *, dry_run: bool) -> lis
     async with await connect(dsn, connect_timeout=settings.connect_timeout_seconds) as conn:
         try:
             return await migrate(
-                conn, settings, dry_run=dry_run, on_step=lambda m: print(f"applied {m}")
+                conn,
+                settings,
+                dry_run=dry_run,
+                on_step=None if quiet else lambda m: print(f"applied {m}", flush=True),
             )
         except psycopg.Error as e:  # e.g. no CREATE privilege
             raise JournalError(
                 f"cannot migrate schema {settings.schema!r} in {describe(conn)}: {one_line(e)}"
             ) from None
+
+
+async def _migration_sql(dsn: str, settings: JournalSettings) -> str:
+    """The SQL `migrate` would run for the pending steps, as text (nothing applied): each
+    step's DDL and the row recording its version, each in a transaction of its own."""
+    from psycopg import AsyncClientCursor
+
+    from journal.aio.migrate import read_versions
+    from journal.aio.pool import connect
+    from journal.schema import MIGRATION_LOCK_KEY, VersionSql, installation, pending, release
+    from journal.tables import Tables
+
+    tables = Tables(settings)
+    installed = {each.component.name: each for each in installation(tables)}
+    versions = VersionSql.of(tables)
+    async with await connect(dsn, connect_timeout=settings.connect_timeout_seconds) as conn:
+        steps = pending(await read_versions(conn, tables) or {}, list(installed.values()))
+        cursor = AsyncClientCursor(conn)
+        out = [f"-- slicejournal {__version__}: {len(steps)} pending step(s) for schema "
+               f"{settings.schema!r} (nothing was applied)"]  # fmt: skip
+        for step in steps:
+            each = installed[step.component.name]
+            out += [
+                f"\n-- step {step}",
+                "BEGIN;",
+                cursor.mogrify(versions.lock, (MIGRATION_LOCK_KEY,)).strip() + ";",
+                f"SET LOCAL lock_timeout = '{settings.migration_lock_timeout_ms}ms';",
+                versions.create.as_string(conn).strip() + ";",
+                step.statement(each.tables).as_string(conn).strip(),
+                cursor.mogrify(versions.record, (each.key, step.number, release())).strip() + ";",
+                "COMMIT;",
+            ]
+    return "\n".join(out)
 
 
 def _settings(args: argparse.Namespace) -> JournalSettings:
@@ -82,11 +123,26 @@ def _positive_seconds(text: str) -> float:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    if args.command == "init":
+        note = "`init` is deprecated (removed in the next minor release): use `migrate`"
+        print(f"slicejournal: note: {note}, the same command", file=sys.stderr)
     settings = attrs.evolve(_settings(args), migration_lock_timeout=args.lock_timeout)
+    if args.sql:
+        with database(args.dsn) as (dsn, _):
+            print(asyncio.run(_migration_sql(dsn, settings)), flush=True)
+        return 0
     with database(args.dsn) as (dsn, is_default):
-        steps = asyncio.run(_migrate(dsn, settings, dry_run=args.dry_run))
+        steps = asyncio.run(_migrate(dsn, settings, dry_run=args.dry_run, quiet=args.json))
     where = "the embedded server" if is_default else "the configured database"
-    if args.dry_run:
+    if args.json:
+        print(json.dumps({
+            "schema": settings.schema,
+            "database": "embedded" if is_default else "configured",
+            "dry_run": args.dry_run,
+            "steps": [str(step) for step in steps],
+            "pending" if args.dry_run else "applied": len(steps),
+        }), flush=True)  # fmt: skip
+    elif args.dry_run:
         for step in steps:
             print(f"would apply {step}")
         print(f"schema {settings.schema!r} in {where}: {len(steps)} step(s) pending")
@@ -147,20 +203,29 @@ def build_parser() -> argparse.ArgumentParser:
     dsn = argparse.ArgumentParser(add_help=False, parents=[logs])
     dsn.add_argument("--dsn", help="PostgreSQL DSN (default: $SLICEJOURNAL_DSN, else embedded)")
     for name, help_text in (
-        ("init", "create the schema's tables (idempotent; the same as migrate)"),
-        ("migrate", "bring the schema to this release (idempotent, safe to run concurrently)"),
-    ):
+        ("migrate", "create the schema's tables or bring them to this release (idempotent, "
+         "safe to run concurrently); the canonical command"),
+        ("init", "deprecated: the same as migrate (removed in the next minor release)"),
+    ):  # fmt: skip
         p_migrate = sub.add_parser(
             name,
             parents=[dsn],
             help=help_text,
             description="Applies every pending numbered migration of the schema, one "
             "transaction per step under an advisory lock; a migration only adds, it never "
-            "drops or rewrites data. Run it before starting workers of a new release.",
+            "drops or rewrites data. Run it before starting workers of a new release. "
+            + ("`init` is a deprecated name of `migrate`." if name == "init" else ""),
         )
         p_migrate.add_argument("--schema", default="public", help="schema name (default: public)")
-        p_migrate.add_argument("--dry-run", action="store_true",
-                               help="list the pending steps, apply nothing")  # fmt: skip
+        what = p_migrate.add_mutually_exclusive_group()
+        what.add_argument("--dry-run", action="store_true",
+                          help="list the pending steps, apply nothing")  # fmt: skip
+        what.add_argument("--sql", action="store_true",
+                          help="print the SQL the pending steps would run (DDL and version "
+                          "bookkeeping), apply nothing: for a DBA's review")  # fmt: skip
+        p_migrate.add_argument("--json", action="store_true",
+                               help="one JSON object: schema, steps, how many applied or "
+                               "pending")  # fmt: skip
         default_wait = JournalSettings().migration_lock_timeout.total_seconds()
         p_migrate.add_argument(
             "--lock-timeout", type=_positive_seconds, default=default_wait, metavar="SECONDS",
@@ -193,16 +258,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value may start with "-" ("--keep -1s"): argparse would take the value
+# for an option and say "expected one argument"; joined as "--keep=-1s", the option's
+# own check names what is wrong with it.
+_VALUE_OPTIONS = frozenset({"--keep", "--keep-last", "--batch-size", "--ranges", "--timeout",
+                            "--interval", "--count", "--lease-ttl", "--lock-timeout",
+                            "--instances", "--accounts", "--events", "--writers"})  # fmt: skip
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item in _VALUE_OPTIONS and i + 1 < len(items) and items[i + 1][:2].startswith("-"):
+            following = items[i + 1]
+            if len(following) > 1 and (following[1].isdigit() or following[1] == "."):
+                out.append(f"{item}={following}")
+                i += 2
+                continue
+        out.append(item)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     check_rules(parser, args)
     configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))
     except JournalError as e:
         message = " ".join(line.strip() for line in str(e).splitlines())
-        print(f"slicejournal: error: {message}", file=sys.stderr)
+        if args.log_format == "json":  # the error line too, as the log pipeline reads it
+            print(json.dumps({"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                              "level": "error", "logger": "slicejournal", "message": message,
+                              "error": type(e).__name__}), file=sys.stderr)  # fmt: skip
+        else:
+            print(f"slicejournal: error: {message}", file=sys.stderr)
         return 1
 
 

@@ -643,7 +643,21 @@ def _management_command(
     def command(args: argparse.Namespace) -> int:
         async def body(journal: Journal) -> int:
             await ProjectionManagement(journal).require_known(args.name)
-            print(await action(journal, args))
+            result = await action(journal, args)
+            if getattr(args, "json", False) and args.command != "dead-letters":
+                document: dict[str, Any] = {
+                    "projection": args.name,
+                    "command": args.command,
+                    "range": None if args.range is None else args.range.key,
+                    "dry_run": getattr(args, "dry_run", False),
+                    "message": result,
+                }
+                if args.command == "set-offset":
+                    document["timestamp"] = args.timestamp.isoformat()
+                if args.command == "clear-offset":
+                    document["offset_rows"] = args.offset_rows
+                result = json.dumps(document)
+            print(result, flush=True)
             return 0
 
         return asyncio.run(_with_journal(args, body))
@@ -671,7 +685,24 @@ async def _set_offset(journal: Journal, args: argparse.Namespace) -> str:
             f"({_scope(args)}); running instances restart from there")  # fmt: skip
 
 
+async def _offset_rows(journal: Journal, name: str, r: SliceRange) -> int:
+    from projections.tables import projection_tables
+
+    t = projection_tables(journal.tables, None)
+    query = sql.SQL(
+        "SELECT count(*) FROM {o} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
+    ).format(o=t.offset_store)
+    async with journal.pool.connection() as conn:
+        cur = await conn.execute(query, (name, r.min_slice, r.max_slice))
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 async def _clear_offset(journal: Journal, args: argparse.Namespace) -> str:
+    args.offset_rows = await _offset_rows(journal, args.name, args.range or SliceRange.FULL)
+    if args.dry_run:
+        return (f"projection {args.name}: would clear {args.offset_rows} offset row(s) "
+                f"({_scope(args)}); nothing changed (dry run)")  # fmt: skip
     await FleetControl(journal).clear_offset(args.name, args.range or SliceRange.FULL)
     return (f"projection {args.name}: offsets cleared ({_scope(args)}); "
             "it restarts from the beginning of the journal")  # fmt: skip
@@ -715,7 +746,8 @@ def add_fleet_parsers(
         "projection through PostgreSQL. SIGTERM/SIGINT: finish batches, save offsets, release "
         "leases, exit 0.",
     )
-    p.add_argument("factory", metavar="MODULE:ATTR")
+    p.add_argument("factory", metavar="MODULE:ATTR",
+                   help="(journal, slice_range) -> Projection, or a WorkerApp")  # fmt: skip
     p.add_argument("--instances", type=bounded_int(1, 1024), default=4,
                    help="instance count used when none is stored yet (default 4)")  # fmt: skip
     p.add_argument("--worker-id", default=None, help="this worker's id (default host:pid)")
@@ -735,8 +767,9 @@ def add_fleet_parsers(
         description="Stores the desired instance count (a divisor of 1024) and waits until "
         "every range of the new split is owned and running.",
     )
-    p.add_argument("name")
-    p.add_argument("instances", type=bounded_int(1, 1024))
+    p.add_argument("name", help="the projection's name")
+    p.add_argument("instances", type=bounded_int(1, 1024),
+                   help="the new instance count (a divisor of 1024)")  # fmt: skip
     p.add_argument("--no-wait", action="store_true", help="return at once")
     p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="seconds to wait for convergence (default 120)")  # fmt: skip
@@ -764,20 +797,31 @@ def add_fleet_parsers(
     p.set_defaults(func=cmd_status)
 
     ranged = argparse.ArgumentParser(add_help=False, parents=[common])
-    ranged.add_argument("name")
+    ranged.add_argument("name", help="the projection's name")
     ranged.add_argument("--range", type=slice_range_argument, default=None,
                         help="only this slice range, e.g. 0-255 (default: all)")  # fmt: skip
+    ranged.add_argument("--json", action="store_true",
+                        help="one JSON object: projection, command, range, message")  # fmt: skip
     for name, action, text in (
         ("pause", _pause, "pause a projection (or one slice range) on every worker"),
         ("resume", _resume, "resume what pause paused"),
         ("clear-offset", _clear_offset, "restart a projection from the beginning"),
     ):
-        p = sub.add_parser(name, parents=[ranged], help=text)
+        p = sub.add_parser(name, parents=[ranged], help=text, description=text[0].upper()
+                           + text[1:] + "; running instances notice within their poll "
+                           "interval.")  # fmt: skip
+        if name == "clear-offset":
+            p.add_argument("--dry-run", action="store_true",
+                           help="count the offset rows it would clear, change nothing")  # fmt: skip
         p.set_defaults(func=_management_command(action))
-    p = sub.add_parser("set-offset", parents=[ranged], help="resume a projection at a timestamp")
+    p = sub.add_parser("set-offset", parents=[ranged], help="resume a projection at a timestamp",
+                       description="Makes the projection resume at TIMESTAMP (events before "
+                       "it are skipped); a fleet's instances restart from there.")  # fmt: skip
     p.add_argument("timestamp", type=parse_timestamp, help="ISO 8601 with time zone")
     p.set_defaults(func=_management_command(_set_offset))
-    p = sub.add_parser("dead-letters", parents=[common], help="events a projection skipped")
-    p.add_argument("name")
+    p = sub.add_parser("dead-letters", parents=[common], help="events a projection skipped",
+                       description="The envelopes a projection skipped after its retries ran "
+                       "out, with their errors.")  # fmt: skip
+    p.add_argument("name", help="the projection's name")
     p.add_argument("--json", action="store_true", help="a JSON array of the dead letters")
     p.set_defaults(func=_management_command(_dead_letters))

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from psycopg import sql
+
 from journal import InvalidArgument, Journal
 from journal.errors import InvalidPersistenceId
 from journal.slices import NUMBER_OF_SLICES, validate_entity_type
@@ -84,6 +86,46 @@ def format_report(report: RetentionReport) -> str:
     return "\n".join(lines)
 
 
+async def _has_events(journal: Journal, entity_type: str) -> bool:
+    """Whether any slice holds an event of the entity type (one index probe per slice)."""
+    query = sql.SQL(
+        "SELECT EXISTS (SELECT 1 FROM generate_series(0, %(last)s) AS s(slice) WHERE EXISTS "
+        "(SELECT 1 FROM {j} WHERE slice = s.slice AND entity_type = %(et)s))"
+    ).format(j=journal.tables.journal)
+    async with journal.pool.connection() as conn:
+        cur = await conn.execute(query, {"last": NUMBER_OF_SLICES - 1, "et": entity_type})
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+def report_document(report: RetentionReport) -> dict[str, Any]:
+    """`retention apply --json`: the report as one JSON object."""
+    return {
+        "policy": report.policy.describe(),
+        "entity_type": report.policy.entity_type,
+        "dry_run": report.dry_run,
+        "events": report.events,
+        "held": report.held,
+        "retired_offsets": report.retired_offsets,
+        "ranges": [
+            {
+                "range": r.slice_range.key,
+                "events": r.events,
+                "held": r.held,
+                "held_by": [
+                    {"projection": h.projection, "latest": _iso(h.latest), "paused": h.paused}
+                    for h in r.held_by
+                ],
+            }
+            for r in report.ranges
+        ],
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
 def cmd_retention_apply(args: argparse.Namespace) -> int:
     policy = RetentionPolicy(
         args.entity_type, keep=args.keep, keep_last=args.keep_last, keep_snapshot=args.keep_snapshot
@@ -91,9 +133,17 @@ def cmd_retention_apply(args: argparse.Namespace) -> int:
     settings = RetentionSettings(batch_size=args.batch_size)
 
     async def body(journal: Journal) -> int:
+        if not await _has_events(journal, args.entity_type):
+            raise InvalidArgument(
+                f"the journal holds no event of entity type {args.entity_type!r} (check the "
+                "name: it is the part of a persistence id before '|'); nothing was deleted"
+            )
         retention = Retention(journal, settings)
         report = await retention.apply(policy, dry_run=args.dry_run, ranges=args.ranges)
-        print(format_report(report), flush=True)
+        if args.json:
+            print(json.dumps(report_document(report)), flush=True)
+        else:
+            print(format_report(report), flush=True)
         return 0
 
     return asyncio.run(_with_journal(args, body, "slicejournal retention"))
@@ -179,7 +229,9 @@ def add_retention_parsers(
         "consumed, slice by slice in short batches; each id keeps its highest deleted event "
         "as a deletion marker. Offset rows of retired projections go too.",
     )
-    p.add_argument("--entity-type", required=True, type=entity_type_argument)
+    p.add_argument("--entity-type", required=True, type=entity_type_argument,
+                   help="the entity type whose events go (the part of a persistence id "
+                   "before '|')")  # fmt: skip
     p.add_argument("--keep", type=duration_argument, default=None,
                    help="keep events newer than this: 30s, 15m, 12h, 7d")  # fmt: skip
     p.add_argument("--keep-last", type=bounded_int(1, 2**31 - 1), default=None,
@@ -192,6 +244,7 @@ def add_retention_parsers(
                    help="events examined per transaction (default 1000)")  # fmt: skip
     p.add_argument("--ranges", type=ranges_argument, default=8,
                    help="slice ranges the report sums into (divides 1024; default 8)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=cmd_retention_apply, needs_rule=True)
 
     p = sub.add_parser("projections", help="the projections that hold retention back")
@@ -211,15 +264,16 @@ def add_retention_parsers(
         parents=[common],
         help="make a projection hold retention back (before it starts, or again)",
     )
-    p.add_argument("name")
-    p.add_argument("--entity-type", required=True, type=entity_type_argument)
+    p.add_argument("name", help="the projection's name")
+    p.add_argument("--entity-type", required=True, type=entity_type_argument,
+                   help="the entity type it projects")  # fmt: skip
     p.add_argument("--range", type=slice_range_argument, default="0-1023",
                    help="the slices it covers (default 0-1023)")  # fmt: skip
     p.set_defaults(func=_projections_command(_register))
     p = actions.add_parser(
         "retire", parents=[common], help="stop an abandoned projection from holding retention"
     )
-    p.add_argument("name")
+    p.add_argument("name", help="the projection's name")
     p.set_defaults(func=_projections_command(_retire))
 
 

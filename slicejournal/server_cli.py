@@ -9,6 +9,7 @@ then use it and leave it running too. `stop` stops it, whoever is using it.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -65,6 +66,11 @@ def add_server_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p_status.add_argument(
         "--dsn-only", action="store_true", help="print only the DSN (nothing if not running)"
     )
+    p_status.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: running, pid, ready, persistent, users, data_dir, dsn",
+    )
     p_status.set_defaults(func=cmd_server_status)
 
 
@@ -101,6 +107,17 @@ def cmd_server_stop(args: argparse.Namespace) -> int:
 
 def cmd_server_status(args: argparse.Namespace) -> int:
     status = EmbeddedPostgres(args.data_dir).status()
+    if args.json:
+        print(json.dumps({
+            "running": status.running,
+            "pid": status.pid if status.running else None,
+            "ready": bool(status.running and status.ready),
+            "persistent": bool(status.running and status.persistent),
+            "users": len(status.users) if status.running else 0,
+            "data_dir": str(status.data_dir),
+            "dsn": display_dsn(status.dsn) if status.running and status.dsn else None,
+        }))  # fmt: skip
+        return 0 if status.running else NOT_RUNNING
     if not status.running:
         where = "" if status.data_dir.exists() else " (the directory does not exist)"
         message = f"not running      no embedded PostgreSQL runs in {status.data_dir}{where}"

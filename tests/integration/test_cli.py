@@ -40,7 +40,7 @@ def tables_in(dsn: str, schema: str) -> set[str]:
 def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
     schema = fresh_schema_name()
     try:
-        first = run(["init", "--dsn", pg_dsn, "--schema", schema])
+        first = run(["migrate", "--dsn", pg_dsn, "--schema", schema])
         assert first.returncode == 0, first.stderr
         assert tables_in(pg_dsn, schema) == {
             "event_journal",
@@ -55,7 +55,7 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
             "slicejournal_schema_version",
         }
         assert "step(s) applied" in first.stdout and "applied journal 0001_journal" in first.stdout
-        second = run(["init", "--dsn", pg_dsn, "--schema", schema])
+        second = run(["migrate", "--dsn", pg_dsn, "--schema", schema])
         assert second.returncode == 0, second.stderr
         assert "(0 step(s) applied)" in second.stdout
         with psycopg.connect(pg_dsn) as conn:
@@ -69,7 +69,7 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
 
 
 def test_init_rejects_a_bad_schema_name_cleanly(pg_dsn: str) -> None:
-    result = run(["init", "--dsn", pg_dsn, "--schema", "x" * 64])
+    result = run(["migrate", "--dsn", pg_dsn, "--schema", "x" * 64])
     assert result.returncode != 0
     assert "63-byte" in result.stderr
     assert "Traceback" not in result.stderr
@@ -90,9 +90,9 @@ def test_demo_runs_on_the_embedded_server_and_verifies(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "says"),
     [
-        (["init", "--dsn", ""], {}, "the DSN is empty"),
-        (["init", "--dsn", "  "], {}, "the DSN is empty"),
-        (["init"], {"SLICEJOURNAL_DSN": ""}, "SLICEJOURNAL_DSN is set but empty"),
+        (["migrate", "--dsn", ""], {}, "the DSN is empty"),
+        (["migrate", "--dsn", "  "], {}, "the DSN is empty"),
+        (["migrate"], {"SLICEJOURNAL_DSN": ""}, "SLICEJOURNAL_DSN is set but empty"),
         (["status", "x", "--dsn", ""], {}, "the DSN is empty"),
     ],
 )

@@ -84,7 +84,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(60)
 def test_cli_init_with_an_unreachable_server_prints_one_line() -> None:
     port = closed_port()
-    result = run_cli("init", "--dsn", f"postgresql://nobody:{PASSWORD}@127.0.0.1:{port}/x")
+    result = run_cli("migrate", "--dsn", f"postgresql://nobody:{PASSWORD}@127.0.0.1:{port}/x")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -96,7 +96,7 @@ def test_cli_init_with_an_unreachable_server_prints_one_line() -> None:
 
 @pytest.mark.timeout(60)
 def test_cli_init_with_a_malformed_dsn_prints_one_line() -> None:
-    result = run_cli("init", "--dsn", MALFORMED["url missing a slash"])
+    result = run_cli("migrate", "--dsn", MALFORMED["url missing a slash"])
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -115,7 +115,7 @@ async def test_a_schema_never_initialised_is_reported_on_open(
             pass
     message = str(info.value)
     assert isinstance(info.value, JournalError)
-    assert "slicejournal init" in message and f"--schema {settings.schema}" in message
+    assert "slicejournal migrate" in message and f"--schema {settings.schema}" in message
     assert "create_schema=True" in message
     # The schema exists but holds no journal table: the same.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -125,7 +125,7 @@ async def test_a_schema_never_initialised_is_reported_on_open(
             pass
     # Check skipped (a caller that creates the schema itself): first use says the same.
     async with Journal.connect(pg_dsn, settings, check_schema=False) as j:
-        with pytest.raises(SchemaNotInitialized, match="slicejournal init"):
+        with pytest.raises(SchemaNotInitialized, match="slicejournal migrate"):
             await j.highest_seq_nr("Bank|a")
         await j.create_schema()
         assert await j.highest_seq_nr("Bank|a") == 0
@@ -142,7 +142,7 @@ async def test_a_table_dropped_later_is_schema_not_initialized(
 ) -> None:
     await journal.append("Bank|a", [{"amount": 1}], expected_seq_nr=0)
     drop_table(pg_dsn, journal.settings.schema, "event_journal")
-    with pytest.raises(SchemaNotInitialized, match="slicejournal init") as info:
+    with pytest.raises(SchemaNotInitialized, match="slicejournal migrate") as info:
         await journal.append("Bank|a", [{"amount": 2}], expected_seq_nr=1)
     assert isinstance(info.value, JournalError)
     with pytest.raises(SchemaNotInitialized, match="event_journal"):
@@ -167,7 +167,7 @@ async def test_a_projection_table_dropped_later_is_schema_not_initialized(
     where = re.escape(f"{journal.settings.schema}.projection_timestamp_offset_store")
     with pytest.raises(SchemaNotInitialized, match=where) as info:
         await ProjectionManagement(journal).clear_offset("p")
-    assert "slicejournal init" in str(info.value)
+    assert "slicejournal migrate" in str(info.value)
     projection = Projection.exactly_once(
         journal, name="p", entity_type="Bank", slice_range=SliceRange(0, 1023), handler=handler
     )
@@ -192,7 +192,7 @@ async def test_the_schema_check_and_translation_hold_for_odd_names(
             drop_table(pg_dsn, schema_name, table)
             with pytest.raises(SchemaNotInitialized, match=re.escape(f"{schema_name}.{table}")):
                 await j.highest_seq_nr("Odd|1")
-        with pytest.raises(SchemaNotInitialized, match="slicejournal init"):
+        with pytest.raises(SchemaNotInitialized, match="slicejournal migrate"):
             async with Journal.connect(pg_dsn, settings):
                 pass
     finally:

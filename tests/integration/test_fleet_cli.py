@@ -256,7 +256,7 @@ def scrape(port: int) -> str:
 
 @pytest.mark.timeout(90)
 def test_bad_input_fails_with_one_line_and_changes_nothing(pg_dsn: str, schema: str) -> None:
-    init = cli(["init", *where(pg_dsn, schema)])
+    init = cli(["migrate", *where(pg_dsn, schema)])
     assert init.returncode == 0, output(init)
     fleet = sql.Identifier(schema, "projection_fleet")
     management = sql.Identifier(schema, "projection_management")

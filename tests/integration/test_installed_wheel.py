@@ -107,7 +107,7 @@ def test_the_bare_wheel_runs_the_cli_and_a_program(bare: tuple[Path, Path], pg_d
         assert "usage: slicejournal" in helped.stdout
     schema = fresh_schema_name()
     try:
-        run([str(bin_dir / "slicejournal"), "init", "--dsn", pg_dsn, "--schema", schema], work,
+        run([str(bin_dir / "slicejournal"), "migrate", "--dsn", pg_dsn, "--schema", schema], work,
             clean_env())  # fmt: skip
         (work / "program.py").write_text(USER_PROGRAM)
         env = clean_env(DSN=pg_dsn, SCHEMA=schema)

@@ -194,10 +194,10 @@ async def test_an_empty_database_is_not_initialised_and_init_is_migrate(
     pg_dsn: str, schema: str
 ) -> None:
     settings = settings_of(schema)
-    with pytest.raises(SchemaNotInitialized, match="slicejournal init"):
+    with pytest.raises(SchemaNotInitialized, match="slicejournal migrate"):
         async with Journal.connect(pg_dsn, settings):
             pass
-    result = cli("init", "--dsn", pg_dsn, "--schema", schema)
+    result = cli("migrate", "--dsn", pg_dsn, "--schema", schema)
     assert result.returncode == 0, result.stderr
     async with Journal.connect(pg_dsn, settings) as j:
         assert await j.highest_seq_nr("Note|1") == 0

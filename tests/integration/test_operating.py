@@ -148,7 +148,7 @@ async def test_json_logs_status_json_watch_and_dead_letters_json(
     worker_logs: list[subprocess.Popen[bytes]],
 ) -> None:
     where = ["--dsn", pg_dsn, "--schema", schema]
-    assert cli(["init", *where]).returncode == 0
+    assert cli(["migrate", *where]).returncode == 0
     stderr = tmp_path / "worker.stderr"
     with stderr.open("wb") as err:
         # --log-format before the subcommand, --log-level after it: both take effect.
@@ -284,7 +284,7 @@ def test_a_bad_target_or_busy_port_is_one_line_and_exit_1(
     pg_dsn: str, schema: str, app_env: dict[str, str]
 ) -> None:
     where = ["--dsn", pg_dsn, "--schema", schema]
-    assert cli(["init", *where]).returncode == 0
+    assert cli(["migrate", *where]).returncode == 0
 
     def worker(target: str, *more: str) -> str:
         result = cli(["worker", target, *where, "--lease-ttl", "2", *more], app_env, 60)

@@ -1,7 +1,7 @@
 """The README's examples run as written, twice in a row, so the README cannot rot.
 
 Each ```python block is saved as a file and run as a program in a fresh
-database that `slicejournal init` prepared — exactly what a user would do —
+database that `slicejournal migrate` prepared — exactly what a user would do —
 then run again, because a user runs an example more than once.
 """
 

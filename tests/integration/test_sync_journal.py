@@ -100,7 +100,7 @@ def test_append_in_the_callers_transaction(pg_dsn: str, sync_journal: SyncJourna
 
 def test_missing_schema_is_a_typed_error(pg_dsn: str) -> None:
     with (
-        pytest.raises(SchemaNotInitialized, match="slicejournal init"),
+        pytest.raises(SchemaNotInitialized, match="slicejournal migrate"),
         SyncJournal.connect(pg_dsn, JournalSettings(schema=fresh_schema_name())),
     ):
         pass

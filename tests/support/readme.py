@@ -1,5 +1,5 @@
 """The README's ```python blocks: every one is a complete program the tests run,
-in a database of its own that `slicejournal init` prepared, as a user would."""
+in a database of its own that `slicejournal migrate` prepared, as a user would."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def example_database(pg_dsn: str) -> Iterator[str]:
     dsn = conninfo.make_conninfo(pg_dsn, dbname=name)
     try:
         init = subprocess.run(
-            [sys.executable, "-m", "slicejournal.cli", "init", "--dsn", dsn],
+            [sys.executable, "-m", "slicejournal.cli", "migrate", "--dsn", dsn],
             capture_output=True,
             text=True,
             timeout=60,
