@@ -641,6 +641,10 @@ def _management_command(
     action: Callable[[Journal, argparse.Namespace], Coroutine[Any, Any, str]],
 ) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
+        prepare = getattr(args, "prepare", None)
+        if prepare is not None:
+            prepare(args)  # reads the positional words; `InvalidArgument` before connecting
+
         async def body(journal: Journal) -> int:
             await ProjectionManagement(journal).require_known(args.name)
             result = await action(journal, args)
@@ -709,13 +713,17 @@ async def _clear_offset(journal: Journal, args: argparse.Namespace) -> str:
 
 
 async def _dead_letters(journal: Journal, args: argparse.Namespace) -> str:
+    if args.replay:
+        return await _replay_dead_letters(journal, args)
     letters = await ProjectionManagement(journal).dead_letters(args.name)
     if args.json:
         return json.dumps(
             [
                 {"persistence_id": d.persistence_id, "seq_nr": d.seq_nr, "slice": d.slice,
                  "db_timestamp": d.db_timestamp.isoformat(), "error": d.error,
-                 "failed_at": d.failed_at.isoformat()}
+                 "failed_at": d.failed_at.isoformat(), "status": d.status,
+                 "replayed_at": d.replayed_at and d.replayed_at.isoformat(),
+                 "replay_failures": d.replay_failures}
                 for d in letters
             ]
         )  # fmt: skip
@@ -723,9 +731,46 @@ async def _dead_letters(journal: Journal, args: argparse.Namespace) -> str:
         return f"projection {args.name}: no dead letters"
     return "\n".join(
         f"{d.failed_at.isoformat(timespec='seconds')}  {d.persistence_id}  seq_nr {d.seq_nr}  "
-        f"slice {d.slice}  {d.error}"
+        f"slice {d.slice}  {d.status}  {d.error}"
         for d in letters
     )
+
+
+async def _replay_dead_letters(journal: Journal, args: argparse.Namespace) -> str:
+    asked = await ProjectionManagement(journal).replay_dead_letters(args.name, args.letters)
+    if args.json:
+        return json.dumps(
+            {"projection": args.name, "command": "dead-letters replay",
+             "requested": [{"persistence_id": p, "seq_nr": n} for p, n in asked]}
+        )  # fmt: skip
+    if not asked:
+        return f"projection {args.name}: no dead letter to replay (none parked, or replayed)"
+    return (f"projection {args.name}: replay requested for {len(asked)} letter(s); the "
+            "running instances that own their slices replay them within their management "
+            "poll interval (`dead-letters NAME` shows each letter's status)")  # fmt: skip
+
+
+def _dead_letter_words(args: argparse.Namespace) -> None:
+    """`dead-letters NAME` or `dead-letters replay NAME (--all | PID:SEQ_NR ...)`."""
+    words: list[str] = args.words
+    args.replay = len(words) > 1 and words[0] == "replay"
+    if not args.replay:
+        if len(words) != 1:
+            raise InvalidArgument(
+                "usage: dead-letters NAME, or dead-letters replay NAME (--all | PID:SEQ_NR ...)"
+            )
+        args.name, args.letters = words[0], None
+        return
+    args.name, ids = words[1], words[2:]
+    if bool(ids) == args.all:
+        raise InvalidArgument("dead-letters replay: give --all or the letters (PID:SEQ_NR ...)")
+    letters = []
+    for text in ids:
+        pid, _, seq = text.rpartition(":")
+        if not pid or not seq.isdigit():
+            raise InvalidArgument(f"dead-letters replay: {text!r} is not PID:SEQ_NR")
+        letters.append((pid, int(seq)))
+    args.letters = None if args.all else letters
 
 
 def add_fleet_parsers(
@@ -820,8 +865,15 @@ def add_fleet_parsers(
     p.add_argument("timestamp", type=parse_timestamp, help="ISO 8601 with time zone")
     p.set_defaults(func=_management_command(_set_offset))
     p = sub.add_parser("dead-letters", parents=[common], help="events a projection skipped",
+                       usage="%(prog)s [options] NAME | replay NAME (--all | PID:SEQ_NR ...)",
                        description="The envelopes a projection skipped after its retries ran "
-                       "out, with their errors.")  # fmt: skip
-    p.add_argument("name", help="the projection's name")
-    p.add_argument("--json", action="store_true", help="a JSON array of the dead letters")
-    p.set_defaults(func=_management_command(_dead_letters))
+                       "out, with their errors and replay status. `dead-letters replay NAME` "
+                       "asks the running instances to hand the letters (every parked one "
+                       "with --all, or the ones named PID:SEQ_NR) to the handler again; a "
+                       "replay that fails stays parked with the new error.")  # fmt: skip
+    p.add_argument("words", nargs="+", metavar="NAME",
+                   help="the projection's name, or `replay NAME [PID:SEQ_NR ...]`")  # fmt: skip
+    p.add_argument("--all", action="store_true", help="replay: every letter not replayed yet")
+    p.add_argument("--json", action="store_true",
+                   help="the dead letters as a JSON array (replay: those requested)")  # fmt: skip
+    p.set_defaults(func=_management_command(_dead_letters), prepare=_dead_letter_words)

@@ -10,7 +10,10 @@ keeps the letter parked with the new error.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,61 @@ async def test_letters_replay_in_fleet_worker_processes(
         await scenario(journal, ProjectionManagement(journal))
     finally:
         workers.kill_all()
+
+
+async def cli(*args: str, dsn: str, schema: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "slicejournal.cli", *args, "--dsn", dsn, "--schema", schema,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+@pytest.mark.timeout(120)
+async def test_the_cli_lists_and_replays_letters(
+    journal: Journal, pg_dsn: str, schema: str
+) -> None:
+    await create_tables(journal)
+    pids = [f"{ENTITY}|cli-{i}" for i in range(3)]
+    await set_broken(journal, pids[:2])
+    written = await write(journal, pids)
+    management = ProjectionManagement(journal)
+    async with ProjectionGroup(lambda r: projection(journal, r), 2):
+
+        async def parked() -> bool:
+            return len(await management.dead_letters(NAME)) == 4
+
+        await eventually(parked, "four letters parked", within=30)
+        code, out = await cli("dead-letters", NAME, "--json", dsn=pg_dsn, schema=schema)
+        assert code == 0, out
+        assert {(d["persistence_id"], d["status"]) for d in json.loads(out)} == {
+            (p, "parked") for p in pids[:2]
+        }
+        for bad in (["replay", NAME], ["replay", NAME, "--all", f"{pids[0]}:1"],
+                    ["replay", NAME, "no-seq-nr"], ["a", "b"]):  # fmt: skip
+            code, out = await cli("dead-letters", *bad, dsn=pg_dsn, schema=schema)
+            assert code != 0 and "dead-letters" in out, out
+        await set_broken(journal, [])
+        code, out = await cli("dead-letters", "replay", NAME, f"{pids[0]}:1", f"{pids[0]}:2",
+                              "--json", dsn=pg_dsn, schema=schema)  # fmt: skip
+        assert code == 0, out
+        assert json.loads(out)["requested"] == [
+            {"persistence_id": pids[0], "seq_nr": 1},
+            {"persistence_id": pids[0], "seq_nr": 2},
+        ]
+
+        async def first_replayed() -> bool:
+            letters = await management.dead_letters(NAME)
+            return sum(d.status == "replayed" for d in letters) == 2
+
+        await eventually(first_replayed, "the two named letters replayed", within=30)
+        code, out = await cli("dead-letters", "replay", NAME, "--all", dsn=pg_dsn, schema=schema)
+        assert code == 0 and "replay requested for 2 letter(s)" in out, out
+
+        async def done() -> bool:
+            return await applied(journal) == written
+
+        await eventually(done, "every letter replayed", within=30)
+    code, out = await cli("dead-letters", NAME, dsn=pg_dsn, schema=schema)
+    assert code == 0 and out.count("replayed") == 4, out
