@@ -36,6 +36,10 @@ appends single events to random ones of 1,000 ids at a steady `--rate` for
   `pg_notify(<channel>, <batch id>)`; PostgreSQL delivers it only at commit, so
   its arrival at a separate LISTEN connection is the commit time (an upper bound
   by the delivery time, well under a millisecond on a local server).
+Read your writes, in the same run: a request loop beside the writer appends one
+event to an id of its own, calls `ProjectionManagement.wait_for` for it and
+records append -> wait_for returned, one request after another (woken by the
+NOTIFY the instance sends after committing offsets).
 The first second is warm-up.
 """
 
@@ -77,7 +81,7 @@ from psycopg import AsyncConnection, sql
 
 from journal import EventEnvelope, Journal, JournalSettings, SliceRange, slice_ranges
 from journal.tables import Tables
-from projections import Projection, ProjectionGroup, ProjectionSettings
+from projections import Projection, ProjectionGroup, ProjectionManagement, ProjectionSettings
 from projections.tables import ProjectionTables
 
 ENTITY_TYPE = "Bench"
@@ -354,6 +358,8 @@ class Lag:
     committed: dict[tuple[str, int], float] = field(default_factory=dict)
     batches: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     batch_sizes: list[int] = field(default_factory=list)
+    # Read your writes: append -> `ProjectionManagement.wait_for` returned, per request.
+    waited: list[float] = field(default_factory=list)
     measured_from: float = 0.0
     writer_done: bool = False
     complete: asyncio.Event = field(default_factory=asyncio.Event)
@@ -424,6 +430,7 @@ async def run_live(dsn: str, config: Config) -> Lag:
             await group.start()
             try:
                 await asyncio.sleep(1.0)  # streams idle, notification listener connected
+                requests = asyncio.create_task(read_your_writes(journal, lag), name="requests")
                 await write_steadily(
                     journal,
                     lag,
@@ -433,6 +440,7 @@ async def run_live(dsn: str, config: Config) -> Lag:
                     pids=LIVE_PIDS,
                     warmup=LIVE_WARMUP,
                 )
+                await requests
                 with contextlib.suppress(TimeoutError):
                     await wait_or_fail(group, lag.complete, within=LIVE_DRAIN)
             finally:
@@ -445,6 +453,24 @@ async def run_live(dsn: str, config: Config) -> Lag:
         await drop_schema(dsn, schema)
 
 
+async def read_your_writes(journal: Journal, lag: Lag) -> None:
+    """A web request's pattern beside the steady writer: append one event, then
+    `wait_for` the projection to have handled it; one request after another."""
+    management = ProjectionManagement(journal)
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(LIVE_WARMUP)
+    seq = 0
+    while not lag.writer_done:
+        envelopes = await journal.append(
+            f"{ENTITY_TYPE}|request", [{"amount": 1, "note": "request"}], expected_seq_nr=seq
+        )
+        seq += 1
+        began = loop.time()
+        await management.wait_for("bench-lag", envelopes, timeout=30)
+        lag.waited.append(loop.time() - began)
+        await asyncio.sleep(0.02)
+
+
 def print_live(lag: Lag) -> None:
     rows = []
     for label, times in (
@@ -454,6 +480,8 @@ def print_live(lag: Lag) -> None:
     ):
         values = lag.since_append(times)
         rows.append([f"append -> {label}", f"{len(values):,}", *latency_cells(values)])
+    waited = lag.waited
+    rows.append(["append -> wait_for returned", f"{len(waited):,}", *latency_cells(waited)])
     print_table(["lag", "events", "p50", "p90", "p99", "max"], rows)
     sizes = lag.batch_sizes
     print(
