@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,24 @@ def undocumented(package: str) -> list[str]:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_public_name_and_method_has_a_docstring(package: str) -> None:
     assert undocumented(package) == []
+
+
+BASELINE = Path(__file__).parent / "data" / "public_api_0.2.0.txt"
+
+
+def exported() -> set[str]:
+    return {f"{p}.{n}" for p in PACKAGES for n in importlib.import_module(p).__all__}
+
+
+@pytest.mark.timeout(60)
+def test_every_name_exported_since_0_2_0_is_in_the_changelog() -> None:
+    """A public name is a promise: one that `__all__` gains must be announced."""
+    lines = BASELINE.read_text(encoding="utf-8").splitlines()
+    before = {line for line in lines if line and not line.startswith("#")}
+    changelog = (Path(__file__).parents[2] / "CHANGELOG.md").read_text(encoding="utf-8")
+    unannounced = sorted(
+        name for name in exported() - before if f"`{name.rsplit('.', 1)[1]}" not in changelog
+    )
+    assert unannounced == [], "exported but not in CHANGELOG.md (as `Name`): " + ", ".join(
+        unannounced
+    )
