@@ -18,6 +18,7 @@ state machine driven out of order). The projections' errors derive from it too.
 from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
+from journal.durations import Duration, parse_duration
 from journal.errors import (
     ConcurrencyError,
     ConnectionFailed,
@@ -101,6 +102,7 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DeserializationError",
+    "Duration",
     "EventEnvelope",
     "HorizonSettings",
     "InvalidArgument",
@@ -132,6 +134,7 @@ __all__ = [
     "TimestampOffset",
     "WriteTelemetry",
     "entity_type_of",
+    "parse_duration",
     "slice_for",
     "slice_ranges",
     "use_telemetry",

@@ -17,28 +17,20 @@ from typing import Any
 
 import attrs
 
+from journal.durations import (
+    name_duration_fields,
+    non_negative,
+    positive,
+    to_timedelta,
+)
 from journal.errors import InvalidSettings
 
 MAX_IDENTIFIER_BYTES = 63
 
 
-def to_timedelta(value: timedelta | float | int) -> timedelta:
-    """Accept a timedelta or a number of seconds."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidSettings(f"expected a timedelta or seconds, got {type(value).__name__}")
-    return timedelta(seconds=value)
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
-    if value < timedelta(0):
-        raise InvalidSettings(f"{attribute.name} must not be negative, got {value}")
-
-
-def _positive_duration(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
-    if value <= timedelta(0):
-        raise InvalidSettings(f"{attribute.name} must be positive, got {value}")
+# The validators under the names the other settings modules import.
+_non_negative = non_negative
+_positive_duration = positive
 
 
 def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -65,21 +57,30 @@ def _identifier(instance: Any, attribute: attrs.Attribute[Any], value: str) -> N
 
 
 def duration_field(default: timedelta, *, allow_zero: bool = True) -> Any:
-    """An attrs field holding a validated duration (timedelta or seconds)."""
+    """An attrs field holding a validated duration (see `journal.durations`).
+
+    Type checkers take a field's `__init__` type from a literal `attrs.field(converter=...)`
+    only, so public settings declare theirs that way (`Duration` in, `timedelta` out);
+    this helper is for fields whose class is not built by users' code.
+    """
     return attrs.field(
         default=default,
         converter=to_timedelta,
-        validator=_non_negative if allow_zero else _positive_duration,
+        validator=non_negative if allow_zero else positive,
     )
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class BacktrackingSettings:
     """How far back the slice query re-reads to catch events that committed late."""
 
     enabled: bool = True
-    window: timedelta = duration_field(timedelta(minutes=2), allow_zero=False)
-    behind_current_time: timedelta = duration_field(timedelta(seconds=10))
+    window: timedelta = attrs.field(
+        default=timedelta(minutes=2), converter=to_timedelta, validator=positive
+    )
+    behind_current_time: timedelta = attrs.field(
+        default=timedelta(seconds=10), converter=to_timedelta, validator=non_negative
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.window < self.behind_current_time:
@@ -89,7 +90,7 @@ class BacktrackingSettings:
             )
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class HorizonSettings:
     """The exact visibility horizon of live slice queries (see `journal.query.horizon`).
 
@@ -103,27 +104,37 @@ class HorizonSettings:
     enabled: bool = True
     # How far behind the horizon the query stays: covers the instant between a
     # transaction taking its start time and PostgreSQL publishing it.
-    margin: timedelta = duration_field(timedelta(milliseconds=5))
+    margin: timedelta = attrs.field(
+        default=timedelta(milliseconds=5), converter=to_timedelta, validator=non_negative
+    )
     # How long the tail waits for an open transaction that has not written to the
     # journal (yet): an idle-in-transaction session holds it back at most this
     # long. After that the stream moves on and, once that transaction ends,
     # re-reads from its start (backtracking), so a late write is still delivered.
-    max_hold: timedelta = duration_field(timedelta(seconds=10), allow_zero=False)
+    max_hold: timedelta = attrs.field(
+        default=timedelta(seconds=10), converter=to_timedelta, validator=positive
+    )
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class QuerySettings:
     """Tuning of `events_by_slices` (Pekko's `query` section)."""
 
     buffer_size: int = attrs.field(default=1000, validator=_positive_int)
-    refresh_interval: timedelta = duration_field(timedelta(seconds=3), allow_zero=False)
-    behind_current_time: timedelta = duration_field(timedelta(milliseconds=100))
+    refresh_interval: timedelta = attrs.field(
+        default=timedelta(seconds=3), converter=to_timedelta, validator=positive
+    )
+    behind_current_time: timedelta = attrs.field(
+        default=timedelta(milliseconds=100), converter=to_timedelta, validator=non_negative
+    )
     backtracking: BacktrackingSettings = attrs.field(factory=BacktrackingSettings)
     horizon: HorizonSettings = attrs.field(factory=HorizonSettings)
     # Bucket counts (10 s each) used to bound catch-up scans; how many to fetch at once.
     bucket_limit: int = attrs.field(default=10_000, validator=_positive_int)
     # Emit heartbeat envelopes after this long without events (projection runners ask for them).
-    heartbeat_interval: timedelta = duration_field(timedelta(seconds=3), allow_zero=False)
+    heartbeat_interval: timedelta = attrs.field(
+        default=timedelta(seconds=3), converter=to_timedelta, validator=positive
+    )
     # Use LISTEN/NOTIFY wake-ups; polling alone stays correct.
     notifications: bool = True
 
@@ -139,7 +150,7 @@ def _default_writer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"[:255]
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class JournalSettings:
     """Where the journal lives and how it talks to PostgreSQL."""
 
@@ -157,11 +168,15 @@ class JournalSettings:
     # How long opening one connection may take before `ConnectionFailed` (also bounds the
     # wait for the pools to fill in `Journal.open`). PostgreSQL counts whole seconds, at
     # least 2; it overrides any `connect_timeout` in the DSN.
-    connect_timeout: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+    connect_timeout: timedelta = attrs.field(
+        default=timedelta(seconds=5), converter=to_timedelta, validator=positive
+    )
     # How long a migration step (`slicejournal migrate`, `create_schema`) waits for a lock
     # on a table it changes before it gives up with `LockTimeout` (nothing applied; retry
     # later). While it waits, writes to that table queue behind it: this bounds that too.
-    migration_lock_timeout: timedelta = duration_field(timedelta(seconds=5), allow_zero=False)
+    migration_lock_timeout: timedelta = attrs.field(
+        default=timedelta(seconds=5), converter=to_timedelta, validator=positive
+    )
 
     @property
     def migration_lock_timeout_ms(self) -> int:

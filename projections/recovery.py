@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import attrs
 
+from journal.durations import Duration, name_duration_fields, non_negative, to_timedelta
 from journal.errors import InvalidSettings
 from journal.model import EventEnvelope
-from journal.settings import duration_field
 
 
 class OnFailure(enum.Enum):
@@ -32,14 +32,18 @@ def _non_negative_int(instance: object, attribute: attrs.Attribute[int], value: 
         raise InvalidSettings(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class RecoveryStrategy:
     """Retries (with exponential backoff) and what happens when they run out."""
 
     on_failure: OnFailure = OnFailure.FAIL
     retries: int = attrs.field(default=0, validator=_non_negative_int)
-    backoff: timedelta = duration_field(timedelta(milliseconds=100))
-    max_backoff: timedelta = duration_field(timedelta(seconds=5))
+    backoff: timedelta = attrs.field(
+        default=timedelta(milliseconds=100), converter=to_timedelta, validator=non_negative
+    )
+    max_backoff: timedelta = attrs.field(
+        default=timedelta(seconds=5), converter=to_timedelta, validator=non_negative
+    )
 
     @classmethod
     def fail(cls) -> RecoveryStrategy:
@@ -47,14 +51,14 @@ class RecoveryStrategy:
         return cls(OnFailure.FAIL)
 
     @classmethod
-    def retry_and_fail(cls, retries: int, backoff: float | timedelta = 0.1) -> RecoveryStrategy:
+    def retry_and_fail(cls, retries: int, backoff: Duration = 0.1) -> RecoveryStrategy:
         """Retry `retries` times with exponential backoff, then stop the projection."""
-        return cls(OnFailure.RETRY_AND_FAIL, retries, backoff)  # type: ignore[arg-type]
+        return cls(OnFailure.RETRY_AND_FAIL, retries, backoff)
 
     @classmethod
-    def retry_and_skip(cls, retries: int, backoff: float | timedelta = 0.1) -> RecoveryStrategy:
+    def retry_and_skip(cls, retries: int, backoff: Duration = 0.1) -> RecoveryStrategy:
         """Retry, then write the envelope(s) to the dead-letter table and go on."""
-        return cls(OnFailure.RETRY_AND_SKIP, retries, backoff)  # type: ignore[arg-type]
+        return cls(OnFailure.RETRY_AND_SKIP, retries, backoff)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number `attempt` (1-based)."""

@@ -38,44 +38,25 @@ at `target` into the deletion marker, exactly as `delete_events_to` does.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 
-from journal.errors import InvalidArgument, InvalidSettings
-from journal.settings import _positive_int, duration_field, to_timedelta
+from journal.durations import (
+    name_duration_fields,
+    positive,
+    to_optional_timedelta,
+    to_timedelta,
+)
+from journal.durations import parse_duration as parse_duration  # its old home; re-exported
+from journal.errors import InvalidSettings
+from journal.settings import _positive_int
 from journal.slices import SliceRange, validate_entity_type
 from projections.settings import ProjectionSettings
 
-_DURATION = re.compile(r"^([0-9]{1,9})([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 MAX_BATCH_SIZE = 100_000
-
-
-def parse_duration(text: str) -> timedelta:
-    """`30s`, `15m`, `12h`, `7d` -> a positive timedelta; `InvalidArgument` otherwise."""
-    match = _DURATION.match(text.strip()) if isinstance(text, str) else None
-    if match is None or int(match[1]) == 0:
-        raise InvalidArgument(
-            f"expected a positive duration such as 30s, 15m, 12h or 7d, got {text!r}"
-        )
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
-
-
-def _keep_duration(value: object) -> timedelta | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return parse_duration(value)
-    return to_timedelta(value)  # type: ignore[arg-type]
-
-
-def _positive_keep(instance: Any, attribute: attrs.Attribute[Any], value: timedelta | None) -> None:
-    if value is not None and value <= timedelta(0):
-        raise InvalidSettings(f"keep must be positive, got {value}")
 
 
 def _keep_last(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -87,7 +68,7 @@ def _entity_type(instance: Any, attribute: attrs.Attribute[Any], value: str) -> 
     validate_entity_type(value)
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class RetentionPolicy:
     """What to keep of one entity type's events; everything else may be deleted once
     every projection holding its slice has consumed it.
@@ -95,7 +76,7 @@ class RetentionPolicy:
     Each keep rule keeps an event on its own (an event goes only if no rule keeps
     it); at least one is required:
 
-    * `keep`: events newer than this (a timedelta, seconds, or "30s", "15m",
+    * `keep`: events newer than this (a timedelta, seconds, or "500ms", "30s", "15m",
       "12h", "7d");
     * `keep_last`: the newest N events of each persistence id;
     * `keep_snapshot`: what recovering from the id's snapshot needs, the events
@@ -104,7 +85,7 @@ class RetentionPolicy:
 
     entity_type: str = attrs.field(validator=_entity_type)
     keep: timedelta | None = attrs.field(
-        default=None, converter=_keep_duration, validator=_positive_keep
+        default=None, converter=to_optional_timedelta, validator=positive
     )
     keep_last: int | None = attrs.field(default=None, validator=_keep_last)
     keep_snapshot: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
@@ -137,14 +118,16 @@ def _batch_size(instance: Any, attribute: attrs.Attribute[Any], value: int) -> N
         raise InvalidSettings(f"batch_size must be at most {MAX_BATCH_SIZE}, got {value}")
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class RetentionSettings:
     """How retention runs: the batch size (events examined per transaction) and the
     projections' time window it assumes (at least the longest `time_window` of their
     `ProjectionSettings`: older events count as handled, as the offset store has it)."""
 
     batch_size: int = attrs.field(default=1000, validator=_batch_size)
-    time_window: timedelta = duration_field(ProjectionSettings().time_window, allow_zero=False)
+    time_window: timedelta = attrs.field(
+        default=ProjectionSettings().time_window, converter=to_timedelta, validator=positive
+    )
 
 
 class Registration(enum.Enum):

@@ -40,9 +40,9 @@ import psycopg
 
 from journal import Journal, SliceRange, slice_ranges
 from journal.connection import driver_errors, schema_errors
+from journal.durations import name_duration_fields, positive, to_timedelta
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
-from journal.settings import duration_field
 from projections.aio.leases import claim_range, lock_claims, release_lease, renew_leases
 from projections.aio.runner import Projection
 from projections.errors import LeaseLost
@@ -79,16 +79,22 @@ def _check_worker_id(_i: object, _a: object, value: str) -> None:
         raise InvalidArgument(f"worker id must be 1..255 characters without NUL, got {value!r}")
 
 
-@attrs.frozen
+@attrs.frozen(field_transformer=name_duration_fields)
 class WorkerSettings:
     """How a worker takes part in its fleet (validated; defaults as the CLI's)."""
 
     worker_id: str = attrs.field(factory=default_worker_id, validator=_check_worker_id)
     # The count used when no count is stored for the projection yet.
     instances: int = attrs.field(default=4, validator=_check_instances)
-    lease_ttl: timedelta = duration_field(timedelta(seconds=10), allow_zero=False)
-    restart_backoff_min: timedelta = duration_field(timedelta(seconds=1), allow_zero=False)
-    restart_backoff_max: timedelta = duration_field(timedelta(seconds=30), allow_zero=False)
+    lease_ttl: timedelta = attrs.field(
+        default=timedelta(seconds=10), converter=to_timedelta, validator=positive
+    )
+    restart_backoff_min: timedelta = attrs.field(
+        default=timedelta(seconds=1), converter=to_timedelta, validator=positive
+    )
+    restart_backoff_max: timedelta = attrs.field(
+        default=timedelta(seconds=30), converter=to_timedelta, validator=positive
+    )
 
     @property
     def ttl_ms(self) -> int:
