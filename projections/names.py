@@ -6,6 +6,9 @@ names it) are validated the same way wherever an instance is built.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import attrs
 
 from journal.errors import InvalidArgument
@@ -44,3 +47,51 @@ def check_instance(
     return InstanceSpec(
         validate_name(name), validate_entity_type(entity_type), slice_range, slice_range.key
     )
+
+
+def _unwrapped(handler: object) -> object:
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    return handler
+
+
+def is_async_handler(handler: object) -> bool:
+    """Whether calling `handler` makes a coroutine: an `async def` function or method,
+    one wrapped in `functools.partial`, or an object whose `__call__` is `async def`."""
+    target = _unwrapped(handler)
+    if inspect.iscoroutinefunction(target):
+        return True
+    if inspect.isroutine(target) or inspect.isclass(target) or not callable(target):
+        return False
+    return inspect.iscoroutinefunction(type(target).__call__)
+
+
+def _describe(handler: object) -> str:
+    target = _unwrapped(handler)
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"handler {name!r}"
+
+
+def check_handler_flavour(handler: object, *, asynchronous: bool) -> None:
+    """Refuse a handler of the other flavour when the projection is built, not at its
+    first event: `Projection` (asyncio) awaits its handler, so it needs an `async def`;
+    `SyncProjection` calls it in a thread, so an `async def` one would never run.
+
+    A lambda passes the asyncio check: it may return an awaitable (`lambda conn, env:
+    apply(conn, env, extra)`), which the runner awaits.
+    """
+    if asynchronous:
+        target = _unwrapped(handler)
+        if is_async_handler(handler) or getattr(target, "__name__", None) == "<lambda>":
+            return
+        raise InvalidArgument(
+            f"{_describe(handler)} is not an async function, but Projection awaits its "
+            "handler: make it `async def`, or use SyncProjection (SyncJournal) for a "
+            "blocking handler"
+        )
+    if is_async_handler(handler):
+        raise InvalidArgument(
+            f"{_describe(handler)} is an async function, but SyncProjection calls its "
+            "handler without an event loop (it would never run): make it a plain `def`, "
+            "or use Projection (Journal, asyncio) for an async handler"
+        )

@@ -73,7 +73,7 @@ from projections.core import (
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.management_sql import ManagementSql
-from projections.names import check_instance
+from projections.names import check_handler_flavour, check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 from projections.sync.core_io import CoreReads
@@ -142,6 +142,7 @@ class SyncProjection:
         telemetry: Telemetry | None = None,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
+        check_handler_flavour(handler, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
         self.entity_type = instance.entity_type
