@@ -303,6 +303,32 @@ class SliceOutcome:
 
 
 @attrs.frozen
+class RetentionProgress:
+    """How far a `Retention.apply` run has got, handed to its `progress` callback each
+    time it has finished the slices of one of the report's slice ranges."""
+
+    # The report range just finished (only ranges with a slice to examine are reported).
+    slice_range: SliceRange
+    # Slices examined so far, of the slices the run examines (those with an event the
+    # time rule lets go).
+    slices_done: int
+    slices_total: int
+    # Events deleted (in a dry run: that would be) and held back so far.
+    events: int
+    held: int
+    dry_run: bool
+
+    def describe(self) -> str:
+        """One line, as `slicejournal retention apply` prints it on stderr."""
+        verb = "would go" if self.dry_run else "deleted"
+        return (
+            f"retention: slices {self.slice_range} done ({self.slices_done}/"
+            f"{self.slices_total} slices examined): {self.events} event(s) {verb}, "
+            f"{self.held} held back so far"
+        )
+
+
+@attrs.frozen
 class RangeReport:
     """One slice range's part of a report: events gone and what holds the rest back."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ from projections.retention import (
     Holder,
     ProjectionInfo,
     RetentionPolicy,
+    RetentionProgress,
     RetentionReport,
     RetentionSettings,
     parse_duration,
@@ -34,7 +36,7 @@ from slicejournal.fleet_cli import _with_journal, aligned, slice_range_argument
 
 
 def duration_argument(text: str) -> Any:
-    """`--keep`: 30s, 15m, 12h, 7d; a usage error (exit 2) otherwise."""
+    """`--keep`: 500ms, 30s, 15m, 12h, 7d; a usage error (exit 2) otherwise."""
     try:
         return parse_duration(text)
     except InvalidArgument as e:
@@ -126,6 +128,12 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def print_progress(progress: RetentionProgress) -> None:
+    """`retention apply`'s progress: a line on stderr per slice range done (not with
+    `--json` or `--quiet`), so that a long run shows how far it has got."""
+    print(progress.describe(), file=sys.stderr, flush=True)
+
+
 def cmd_retention_apply(args: argparse.Namespace) -> int:
     policy = RetentionPolicy(
         args.entity_type, keep=args.keep, keep_last=args.keep_last, keep_snapshot=args.keep_snapshot
@@ -139,7 +147,12 @@ def cmd_retention_apply(args: argparse.Namespace) -> int:
                 "name: it is the part of a persistence id before '|'); nothing was deleted"
             )
         retention = Retention(journal, settings)
-        report = await retention.apply(policy, dry_run=args.dry_run, ranges=args.ranges)
+        report = await retention.apply(
+            policy,
+            dry_run=args.dry_run,
+            ranges=args.ranges,
+            progress=None if args.json or args.quiet else print_progress,
+        )
         if args.json:
             print(json.dumps(report_document(report)), flush=True)
         else:
@@ -233,7 +246,7 @@ def add_retention_parsers(
                    help="the entity type whose events go (the part of a persistence id "
                    "before '|')")  # fmt: skip
     p.add_argument("--keep", type=duration_argument, default=None,
-                   help="keep events newer than this: 30s, 15m, 12h, 7d")  # fmt: skip
+                   help="keep events newer than this: 500ms, 30s, 15m, 12h, 7d")  # fmt: skip
     p.add_argument("--keep-last", type=bounded_int(1, 2**31 - 1), default=None,
                    help="keep the newest N events of each persistence id")  # fmt: skip
     p.add_argument("--keep-snapshot", action="store_true",
@@ -244,7 +257,10 @@ def add_retention_parsers(
                    help="events examined per transaction (default 1000)")  # fmt: skip
     p.add_argument("--ranges", type=ranges_argument, default=8,
                    help="slice ranges the report sums into (divides 1024; default 8)")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="the report as one JSON object (and no progress lines)")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr (default: one per range done)")  # fmt: skip
     p.set_defaults(func=cmd_retention_apply, needs_rule=True)
 
     p = sub.add_parser("projections", help="the projections that hold retention back")

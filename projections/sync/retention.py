@@ -13,6 +13,7 @@ from this module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ from projections.retention import (
     ProjectionInfo,
     Registration,
     RetentionPolicy,
+    RetentionProgress,
     RetentionReport,
     RetentionSettings,
     SliceOutcome,
@@ -63,13 +65,24 @@ class SyncRetention:
 
     @translate_projection_errors
     def apply(
-        self, policy: RetentionPolicy, *, dry_run: bool = False, ranges: int = 8
+        self,
+        policy: RetentionPolicy,
+        *,
+        dry_run: bool = False,
+        ranges: int = 8,
+        progress: Callable[[RetentionProgress], object] | None = None,
     ) -> RetentionReport:
         """Delete what `policy` lets go and every projection holding it has consumed, in
         batches; with `dry_run`, delete nothing and report what would go and what holds
-        the rest back. The report sums the slices into `ranges` slice ranges."""
+        the rest back. The report sums the slices into `ranges` slice ranges.
+
+        `progress`, if given, is called (a plain call, in both flavours) each time the
+        slices of one report range are done, with the counts so far: a long run can
+        show how far it has got."""
         if not isinstance(policy, RetentionPolicy):
             raise InvalidArgument(f"policy must be a RetentionPolicy, got {policy!r}")
+        if progress is not None and not callable(progress):
+            raise InvalidArgument(f"progress must be a callable, got {progress!r}")
         report_ranges = slice_ranges(ranges)
         infos = self.projections()
         holding = [
@@ -90,8 +103,17 @@ class SyncRetention:
             cur = conn.execute(statement.query, statement.params)
             candidates = [s for (s,) in cur.fetchall()]
         outcomes = []
-        for slice_ in candidates:
-            outcomes.append(self._slice(slice_, policy, now, holding, others, dry_run))
+        events = held = 0
+        for done, slice_ in enumerate(candidates, 1):
+            outcome = self._slice(slice_, policy, now, holding, others, dry_run)
+            outcomes.append(outcome)
+            events, held = events + outcome.events, held + outcome.held
+            if progress is not None:
+                finished = next(r for r in report_ranges if slice_ in r)
+                if done == len(candidates) or candidates[done] not in finished:
+                    progress(
+                        RetentionProgress(finished, done, len(candidates), events, held, dry_run)
+                    )
         retired = [i.name for i in infos if i.registration is Registration.RETIRED]
         removed = self._retired_offsets(retired, dry_run) if retired else 0
         return RetentionReport(policy, dry_run, summarize(outcomes, report_ranges), removed)

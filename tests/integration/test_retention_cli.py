@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from journal import Journal
-from projections import ProjectionManagement
+from projections import ProjectionManagement, Retention, RetentionPolicy, RetentionProgress
 from tests.integration.test_retention import (
     ENTITY,
     create_target,
@@ -106,3 +106,34 @@ async def test_dry_run_apply_list_register_retire(journal: Journal) -> None:
     }
     unknown = cli(journal, "projections", "retire", "nope")
     assert unknown.returncode == 1 and "unknown projection 'nope'" in unknown.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_apply_shows_its_progress_on_stderr_unless_quiet_or_json(journal: Journal) -> None:
+    await write(journal, range(40))
+    await asyncio.sleep(1.1)
+    common = ["retention", "apply", "--entity-type", ENTITY, "--keep", "1s", "--ranges", "4"]
+
+    # The API: one call per report range with a slice to examine, counts growing.
+    seen: list[RetentionProgress] = []
+    dry = await Retention(journal).apply(
+        RetentionPolicy(ENTITY, keep="1s"), dry_run=True, ranges=4, progress=seen.append
+    )
+    assert 1 <= len(seen) <= 4 and all(p.dry_run for p in seen)
+    assert [p.slice_range for p in seen] == sorted({p.slice_range for p in seen})
+    assert seen[-1].slices_done == seen[-1].slices_total and seen[-1].events == dry.events
+    assert [p.slices_done for p in seen] == sorted(p.slices_done for p in seen)
+    assert "would go" in seen[-1].describe()
+
+    for quiet in (["--quiet"], ["--json"], ["-q", "--dry-run"]):
+        result = cli(journal, *common, "--dry-run", *quiet)
+        assert result.returncode == 0, result.stderr
+        assert "retention: slices" not in result.stderr, quiet
+
+    done = cli(journal, *common)
+    assert done.returncode == 0, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("retention: slices ")]
+    assert len(lines) == len(seen), done.stderr
+    total = seen[-1].slices_total
+    assert f"({total}/{total} slices examined): {dry.events} event(s) deleted" in lines[-1]
+    assert f"total: {dry.events} event(s) deleted" in done.stdout
