@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection
 
@@ -42,6 +43,47 @@ from journal.tables import Tables
 from journal.writer import prepare_append
 
 POOL_NAME = "slicejournal" if ASYNC else "slicejournal-sync"
+
+if ASYNC:
+    _HOW = (
+        "use `async with Journal.connect(...) as journal:`, or, for a journal that "
+        "lives as long as the application, `journal = await stack.enter_async_context("
+        "Journal.connect(...))` on a `contextlib.AsyncExitStack` closed at shutdown"
+    )
+else:
+    _HOW = (
+        "use `with SyncJournal.connect(...) as journal:`, or, for a journal that lives "
+        "as long as the application, `journal = stack.enter_context(SyncJournal.connect("
+        "...))` on a `contextlib.ExitStack` closed at shutdown"
+    )
+
+
+class _Connecting(AbstractAsyncContextManager["Journal"]):
+    """What `Journal.connect(...)` returns: a context manager that opens the journal on
+    entry and closes it on exit. Awaiting it (a `TypeError`) or using it as the journal
+    (an `AttributeError`) says how to use it instead."""
+
+    def __init__(self, manager: AbstractAsyncContextManager[Journal]) -> None:
+        self._manager = manager
+
+    async def __aenter__(self) -> Journal:
+        return await self._manager.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._manager.__aexit__(*exc_info)
+
+    if not TYPE_CHECKING:  # for the type checker these do not exist: it flags the misuse
+
+        def __await__(self):
+            raise TypeError(f"Journal.connect(...) is not awaitable: {_HOW}")
+
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            raise AttributeError(
+                f"Journal.connect(...) returns a context manager, not the journal "
+                f"(it has no {name!r}): {_HOW}"
+            )
 
 
 class Journal:
@@ -93,8 +135,7 @@ class Journal:
     # -- lifecycle --------------------------------------------------------
 
     @classmethod
-    @contextlib.asynccontextmanager
-    async def connect(
+    def connect(
         cls,
         dsn: str | None = None,
         settings: JournalSettings | None = None,
@@ -102,13 +143,31 @@ class Journal:
         serializers: SerializerRegistry | None = None,
         create_schema: bool | None = None,
         check_schema: bool = True,
-    ) -> AsyncIterator[Journal]:
+    ) -> AbstractAsyncContextManager[Journal]:
         """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`), the embedded server.
+
+        It returns a context manager: the journal it enters is open until the block
+        ends. For a journal that lives as long as the application (a web app), enter
+        it into a `contextlib.AsyncExitStack` at start-up and close the stack at
+        shutdown, or build `Journal(dsn, settings, registry)` and call `open()` and
+        `close()` yourself (that needs a DSN: no embedded server).
 
         `create_schema` applies the DDL first; it defaults to True for the
         embedded server and False for a configured database (run
-        `slicejournal init` there). Errors are typed and fail fast (see `open`).
+        `slicejournal migrate` there). Errors are typed and fail fast (see `open`).
         """
+        return _Connecting(cls._connected(dsn, settings, serializers, create_schema, check_schema))
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def _connected(
+        cls,
+        dsn: str | None,
+        settings: JournalSettings | None,
+        serializers: SerializerRegistry | None,
+        create_schema: bool | None,
+        check_schema: bool,
+    ) -> AsyncIterator[Journal]:
         settings = settings or JournalSettings()
         with database(dsn) as (resolved, is_default):
             if create_schema is None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Generator, Iterator, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import Connection
 
@@ -44,6 +45,40 @@ from journal.tables import Tables
 from journal.writer import prepare_append
 
 POOL_NAME = "slicejournal" if ASYNC else "slicejournal-sync"
+
+_HOW = (
+    "use `with SyncJournal.connect(...) as journal:`, or, for a journal that lives "
+    "as long as the application, `journal = stack.enter_context(SyncJournal.connect("
+    "...))` on a `contextlib.ExitStack` closed at shutdown"
+)
+
+
+class _Connecting(AbstractContextManager["SyncJournal"]):
+    """What `SyncJournal.connect(...)` returns: a context manager that opens the journal on
+    entry and closes it on exit. Awaiting it (a `TypeError`) or using it as the journal
+    (an `AttributeError`) says how to use it instead."""
+
+    def __init__(self, manager: AbstractContextManager[SyncJournal]) -> None:
+        self._manager = manager
+
+    def __enter__(self) -> SyncJournal:
+        return self._manager.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        return self._manager.__exit__(*exc_info)
+
+    if not TYPE_CHECKING:  # for the type checker these do not exist: it flags the misuse
+
+        def __await__(self):
+            raise TypeError(f"SyncJournal.connect(...) is not awaitable: {_HOW}")
+
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            raise AttributeError(
+                f"SyncJournal.connect(...) returns a context manager, not the journal "
+                f"(it has no {name!r}): {_HOW}"
+            )
 
 
 class SyncJournal:
@@ -95,7 +130,6 @@ class SyncJournal:
     # -- lifecycle --------------------------------------------------------
 
     @classmethod
-    @contextlib.contextmanager
     def connect(
         cls,
         dsn: str | None = None,
@@ -104,13 +138,31 @@ class SyncJournal:
         serializers: SerializerRegistry | None = None,
         create_schema: bool | None = None,
         check_schema: bool = True,
-    ) -> Iterator[SyncJournal]:
+    ) -> AbstractContextManager[SyncJournal]:
         """Open a journal; with no DSN (argument or `SLICEJOURNAL_DSN`), the embedded server.
+
+        It returns a context manager: the journal it enters is open until the block
+        ends. For a journal that lives as long as the application (a web app), enter
+        it into a `contextlib.AsyncExitStack` at start-up and close the stack at
+        shutdown, or build `SyncJournal(dsn, settings, registry)` and call `open()` and
+        `close()` yourself (that needs a DSN: no embedded server).
 
         `create_schema` applies the DDL first; it defaults to True for the
         embedded server and False for a configured database (run
-        `slicejournal init` there). Errors are typed and fail fast (see `open`).
+        `slicejournal migrate` there). Errors are typed and fail fast (see `open`).
         """
+        return _Connecting(cls._connected(dsn, settings, serializers, create_schema, check_schema))
+
+    @classmethod
+    @contextlib.contextmanager
+    def _connected(
+        cls,
+        dsn: str | None,
+        settings: JournalSettings | None,
+        serializers: SerializerRegistry | None,
+        create_schema: bool | None,
+        check_schema: bool,
+    ) -> Iterator[SyncJournal]:
         settings = settings or JournalSettings()
         with database(dsn) as (resolved, is_default):
             if create_schema is None:
