@@ -9,7 +9,7 @@ slice-query state machine can use the column positions on a Spark executor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from journal.errors import DeserializationError
@@ -20,6 +20,7 @@ from journal.model import (
     UNDECODABLE,
     EventEnvelope,
     TimestampOffset,
+    new_envelope,
 )
 from journal.serialization import SerializerRegistry
 
@@ -107,30 +108,72 @@ def row_to_envelope(
     offset: TimestampOffset | None = None,
 ) -> EventEnvelope:
     """Decode one row (selected with `envelope_columns`) into an `EventEnvelope`."""
-    (
-        pid,
-        entity_type,
-        slice_,
-        seq_nr,
-        db_timestamp,
-        writer,
-        tags,
-        ser_id,
-        manifest,
-        meta_ser_id,
-        meta_manifest,
-        meta_payload,
-        payload,
-    ) = row[:ROW_WIDTH]
-    if is_tombstone(ser_id, manifest):
-        return tombstone_envelope(
-            pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
-        )
-    event, metadata, error = decode_payloads(
-        registry, pid, seq_nr, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload
-    )
-    # Positional: this runs once per row of every query (keywords cost ~40% more).
-    return EventEnvelope(
-        pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
-        tuple(tags) if tags else (), metadata, writer, offset, source, error,
-    )  # fmt: skip
+    return rows_to_envelopes(((row, offset),), registry, source=source)[0]
+
+
+def rows_to_envelopes(
+    rows: Iterable[tuple[Row, TimestampOffset | None]],
+    registry: SerializerRegistry,
+    *,
+    source: str,
+) -> list[EventEnvelope]:
+    """Decode rows (selected with `envelope_columns`), each with its offset, into envelopes.
+
+    The one decoder of rows: `row_to_envelope` is this for a single row, and the
+    slice query runs it over each fetched batch. A payload is decoded with the
+    registry's decoder for its serializer id and manifest, looked up once per
+    batch and pair; if that fails (or the row has metadata), `decode_payloads`
+    decodes the row and carries the `DeserializationError` naming the event.
+    """
+    decoders: dict[tuple[int, str], Callable[[bytes], Any] | None] = {}
+    envelopes: list[EventEnvelope] = []
+    append = envelopes.append
+    for row, offset in rows:
+        (
+            pid,
+            entity_type,
+            slice_,
+            seq_nr,
+            db_timestamp,
+            writer,
+            tags,
+            ser_id,
+            manifest,
+            meta_ser_id,
+            meta_manifest,
+            meta_payload,
+            payload,
+        ) = row[:ROW_WIDTH]
+        if ser_id == TOMBSTONE_SER_ID and manifest == TOMBSTONE_MANIFEST:
+            append(
+                tombstone_envelope(
+                    pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
+                )
+            )
+            continue
+        event: Any = NOT_LOADED
+        metadata: Any = None
+        error: DeserializationError | None = None
+        decode: Callable[[bytes], Any] | None = None
+        if payload is not None and meta_payload is None:
+            key = (ser_id, manifest)
+            if key in decoders:
+                decode = decoders[key]
+            else:
+                decode = decoders[key] = registry.decoder(ser_id, manifest)
+        if decode is not None:
+            try:
+                event = decode(payload)
+            except Exception:
+                decode = None  # decoded again below, for the error that names the event
+        if decode is None:  # no payload, metadata, an unknown serializer id, or an error
+            event, metadata, error = decode_payloads(
+                registry, pid, seq_nr, ser_id, manifest, payload,
+                meta_ser_id, meta_manifest, meta_payload,
+            )  # fmt: skip
+        envelope = new_envelope(
+            pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
+            tuple(tags) if tags else (), metadata, writer, offset, source, error, False,
+        )  # fmt: skip
+        append(envelope)
+    return envelopes

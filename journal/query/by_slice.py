@@ -194,7 +194,9 @@ class BySliceQuery:
         while True:
             req = q.next_request(now)
             RowsQuery    -> for each row: offset = q.on_row(row, read_ts);
-                            emit if not None; then q.on_rows_done()
+                            emit if not None (or per batch of rows, each
+                            ending with its read_ts: emit what
+                            q.on_rows(rows) returns); then q.on_rows_done()
             HorizonQuery -> q.on_horizon(horizon_from_row(row))
             BucketsQuery -> q.on_buckets([(bucket_start, count), ...])
             Wait         -> sleep until req.until, or until a notification
@@ -410,6 +412,29 @@ class BySliceQuery:
         self._read_at = read_timestamp
         self._last_emit = now
         return scan.latest
+
+    def on_rows(
+        self, rows: Sequence[Sequence[Any]], now: float
+    ) -> list[tuple[Sequence[Any], TimestampOffset]]:
+        """`on_row` for a batch of rows, each ending with the database time it was read
+        at: the rows to emit, each with its offset, in order (the others were emitted
+        already). The drivers feed every fetched batch through here."""
+        query = self._current
+        if query is None:
+            raise ProtocolError("on_rows called outside a RowsQuery")
+        if query.backtracking:
+            emitted = []
+            for row in rows:
+                offset = self.on_row(row, row[-1], now)
+                if offset is not None:
+                    emitted.append((row, offset))
+            return emitted
+        self._rows += len(rows)
+        self._scan, emitted = self._scan.emit_rows(rows)
+        if emitted:
+            self._read_at = emitted[-1][0][-1]
+            self._last_emit = now
+        return emitted
 
     def on_rows_done(self, now: float) -> None:
         """The current RowsQuery has returned all its rows."""

@@ -39,7 +39,7 @@ from journal.query.by_slice import (
     warn_if_unfinished,
 )
 from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
-from journal.rows import row_to_envelope
+from journal.rows import rows_to_envelopes
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
 from journal.sync.flavour import sleep
@@ -132,13 +132,9 @@ class SliceReader:
                         )
                         with contextlib.closing(batches):
                             for batch in batches:
-                                now = time.monotonic()
-                                for row in batch:
-                                    offset_ = machine.on_row(row, row[-1], now)
-                                    if offset_ is not None:
-                                        yield row_to_envelope(
-                                            row, registry, source=source, offset=offset_
-                                        )
+                                emitted = machine.on_rows(batch, time.monotonic())
+                                for envelope in rows_to_envelopes(emitted, registry, source=source):
+                                    yield envelope
                         machine.on_rows_done(time.monotonic())
             finally:
                 warn_if_unfinished(machine, entity_type, min_slice)
@@ -156,14 +152,14 @@ class SliceReader:
         statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
         if request.limit is not None:
             with self._pool.connection() as conn:
-                cur = conn.execute(statement, params)
+                cur = conn.execute(statement, params, binary=True)
                 rows = cur.fetchall()
             yield rows
             return
         with (
             self._pool.connection() as conn,
             conn.transaction(),
-            conn.cursor(name=f"slicejournal_chunk_{next(_cursor_ids)}") as cur,
+            conn.cursor(name=f"slicejournal_chunk_{next(_cursor_ids)}", binary=True) as cur,
         ):
             cur.execute(statement, params)
             while rows := cur.fetchmany(settings.buffer_size):

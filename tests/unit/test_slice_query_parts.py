@@ -105,6 +105,36 @@ def test_the_scan_never_moves_back() -> None:
     assert position.skip_to(at(5)) is position
 
 
+def full_row(ts: datetime, pid: str, seq_nr: int, read_at: datetime) -> tuple[Any, ...]:
+    """A row as the slice query selects it (payload column empty), its read time last."""
+    return (pid, "T", 0, seq_nr, ts, "w", None, 31, "", None, None, None, None, read_at)
+
+
+def test_emitting_a_batch_is_emitting_its_rows_in_turn() -> None:
+    start = ScanPosition.at(TimestampOffset(at(3), at(3), {"a": 2}))
+    rows = [
+        full_row(at(3), "a", 2, at(9)),  # emitted already at the start
+        full_row(at(3), "b", 1, at(9)),
+        full_row(at(4), "a", 3, at(9)),
+        full_row(at(4), "c", 5, at(9)),
+        full_row(at(4), "a", 3, at(9)),  # a duplicate within the batch
+        full_row(at(6), "d", 1, at(10)),
+    ]
+    position, emitted = start.emit_rows(rows)
+    expected = []
+    one_by_one = start
+    for r in rows:
+        after = one_by_one.emit(r[4], r[0], r[3], r[-1])
+        if after is not None:
+            one_by_one = after
+            expected.append((r, after.latest))
+    assert emitted == expected
+    assert position == one_by_one
+    assert [dict(o.seen) for _, o in emitted] == [{"a": 2, "b": 1}, {"a": 3}, {"a": 3, "c": 5},
+                                                  {"d": 1}]  # fmt: skip
+    assert start.emit_rows([rows[0]]) == (start, [])
+
+
 def test_emitting_moves_offset_and_scan_to_the_row() -> None:
     later = ScanPosition.at(TimestampOffset(at(3))).emit(at(4), "b", 2, at(5))
     assert later is not None and later.scan_from == at(4)

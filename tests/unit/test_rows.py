@@ -1,0 +1,108 @@
+"""The row decoder: one row or a batch, the same envelopes, errors carried not raised."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+
+from journal.errors import DeserializationError
+from journal.model import (
+    NOT_LOADED,
+    TOMBSTONE_MANIFEST,
+    TOMBSTONE_SER_ID,
+    UNDECODABLE,
+    EventEnvelope,
+    TimestampOffset,
+    new_envelope,
+)
+from journal.rows import row_to_envelope, rows_to_envelopes
+from journal.serialization import SerializerRegistry
+
+TS = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+OFFSET = TimestampOffset(TS, TS, {"A|1": 1})
+
+
+@attrs.frozen
+class Deposited:
+    amount: int
+
+
+def registry() -> SerializerRegistry:
+    r = SerializerRegistry()
+    r.register(Deposited, "bank.Deposited")
+    return r
+
+
+def row(
+    seq_nr: int,
+    payload: bytes | None,
+    *,
+    ser_id: int = 31,
+    manifest: str = "",
+    meta: bytes | None = None,
+    tags: list[str] | None = None,
+) -> tuple[Any, ...]:
+    return ("A|1", "A", 7, seq_nr, TS, "w", tags, ser_id, manifest,
+            31 if meta is not None else None, "" if meta is not None else None, meta, payload,
+            TS)  # fmt: skip
+
+
+ROWS = [
+    row(1, b'{"amount": 1}', tags=["x", "y"]),
+    row(2, b'{"amount": 2}', manifest="bank.Deposited"),
+    row(3, b"not json"),
+    row(4, b'{"amount": "two"}', manifest="bank.Deposited"),
+    row(5, b"{}", ser_id=99),
+    row(6, None),
+    row(7, b'{"amount": 7}', meta=b'{"trace": "t"}'),
+    row(8, b"[123456789012345678901234567890]"),
+    row(9, None, ser_id=TOMBSTONE_SER_ID, manifest=TOMBSTONE_MANIFEST),
+    row(10, b'{"amount": 10}', meta=b"{bad"),
+]
+
+
+def test_a_batch_decodes_each_row_as_a_single_row_would() -> None:
+    r = registry()
+    batch = rows_to_envelopes([(x, OFFSET) for x in ROWS], r, source="query")
+    single = [row_to_envelope(x, r, source="query", offset=OFFSET) for x in ROWS]
+    assert [comparable(e) for e in batch] == [comparable(e) for e in single]
+
+
+def comparable(env: EventEnvelope) -> tuple[Any, ...]:
+    """The envelope's fields, its error (compared by identity) as its text."""
+    fields = attrs.astuple(env, recurse=False)
+    return (*fields[:-2], None if env.error is None else str(env.error), fields[-1])
+
+
+def test_what_each_row_becomes() -> None:
+    envs = rows_to_envelopes([(x, OFFSET) for x in ROWS], registry(), source="query")
+    assert envs[0].event == {"amount": 1} and envs[0].tags == ("x", "y")
+    assert envs[1].event == Deposited(2)
+    for bad in (envs[2], envs[3], envs[4], envs[9]):
+        assert bad.event is UNDECODABLE
+        assert isinstance(bad.error, DeserializationError)
+        assert "A|1" in str(bad.error) and str(bad.seq_nr) in str(bad.error)
+    assert envs[5].event is NOT_LOADED and envs[5].error is None
+    assert envs[6].event == {"amount": 7} and envs[6].metadata == {"trace": "t"}
+    assert envs[7].event == [123456789012345678901234567890]  # exact, not a float
+    assert envs[8].deleted and envs[8].event is None
+    assert all(e.offset is OFFSET and e.source == "query" for e in envs)
+
+
+def test_the_fast_constructor_builds_the_same_immutable_envelope() -> None:
+    values = ("A|1", "A", 7, 1, TS, {"a": 1}, 31, "", ("t",), None, "w", OFFSET, "query",
+              None, False)  # fmt: skip
+    fast = new_envelope(*values)
+    assert fast == EventEnvelope(*values)
+    assert hash(fast.offset) == hash(OFFSET)
+    assert pickle.loads(pickle.dumps(fast)) == fast
+    assert attrs.evolve(fast, source="load").source == "load"
+    try:
+        fast.seq_nr = 2  # type: ignore[misc]
+    except attrs.exceptions.FrozenInstanceError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("the envelope is mutable")
