@@ -19,11 +19,12 @@ A migration only adds: it never drops or rewrites user data.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from typing import Protocol
+from typing import Protocol, cast
 
 import attrs
 from psycopg import sql
@@ -53,6 +54,29 @@ class ComponentTables(Protocol):
     def key_names(self) -> tuple[str, ...]: ...
 
     def ddl_names(self) -> Mapping[str, sql.Composable]: ...
+
+
+class ComponentNames(Protocol):
+    """A component's table names before they are placed in a journal's schema: what a
+    user writes (e.g. the settings class of the package that owns the tables), turned
+    into that component's `ComponentTables` for the journal's schema by `in_schema`."""
+
+    @property
+    def component(self) -> str:
+        """The name of the `Component` these name the tables of."""
+        ...
+
+    def in_schema(self, journal: Tables) -> ComponentTables: ...
+
+
+# What `Journal.create_schema(tables=...)` and `migrate` accept for one component.
+TableNaming = ComponentTables | ComponentNames
+
+
+def in_schema(journal: Tables, tables: TableNaming) -> ComponentTables:
+    """`tables` as `ComponentTables` in `journal`'s schema (placing bare names there)."""
+    place: Callable[[Tables], ComponentTables] | None = getattr(tables, "in_schema", None)
+    return place(journal) if place is not None else cast(ComponentTables, tables)
 
 
 @attrs.frozen
@@ -141,7 +165,7 @@ class Installed:
 
 def installation(
     journal: Tables,
-    tables: Sequence[ComponentTables] = (),
+    tables: Sequence[TableNaming] = (),
     installed: Sequence[Component] | None = None,
 ) -> list[Installed]:
     """Every installed component in `journal`'s schema, under the names in `tables`
@@ -149,7 +173,7 @@ def installation(
     of a component that is not installed."""
     found = installed if installed is not None else components()
     given: dict[str, ComponentTables] = {}
-    for t in tables:
+    for t in map(functools.partial(in_schema, journal), tables):
         if t.component == journal.component:
             raise InvalidArgument("the journal's tables are named by its JournalSettings")
         if t.component in given:

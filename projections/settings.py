@@ -8,7 +8,7 @@ turns these names into identifiers).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -21,6 +21,10 @@ from journal.durations import (
 )
 from journal.errors import InvalidSettings
 from journal.settings import _identifier, _positive_int
+
+if TYPE_CHECKING:
+    from journal.tables import Tables
+    from projections.tables import ProjectionTables
 
 
 @attrs.frozen
@@ -41,6 +45,15 @@ class ProjectionTableNames:
     fleet_table: str = attrs.field(default="projection_fleet", validator=_identifier)
     fleet_worker_table: str = attrs.field(default="projection_fleet_worker", validator=_identifier)
     lease_table: str = attrs.field(default="projection_lease", validator=_identifier)
+    # The schema component these name the tables of (`journal.schema.ComponentNames`).
+    component: ClassVar[str] = "projections"
+
+    def in_schema(self, journal: Tables) -> ProjectionTables:
+        """These names placed in the schema of `journal` (a journal's `tables`): what
+        `Journal.create_schema(tables=[ProjectionTableNames(...)])` does with them."""
+        from projections.tables import ProjectionTables  # it imports this module
+
+        return ProjectionTables(journal, self)
 
     def key_names(self) -> tuple[str, ...]:
         """The names in the order of the migration key `projections(...)`: existing

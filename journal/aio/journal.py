@@ -35,7 +35,7 @@ from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
 from journal.rows import row_to_envelope
-from journal.schema import ComponentTables
+from journal.schema import TableNaming
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import validate_persistence_id
@@ -215,12 +215,12 @@ class Journal:
         await self.pool.close()
 
     @translate_errors
-    async def create_schema(self, *, tables: Sequence[ComponentTables] = ()) -> None:
+    async def create_schema(self, *, tables: Sequence[TableNaming] = ()) -> None:
         """Apply the pending schema migrations (idempotent; see `slicejournal migrate`).
 
         Every installed component's tables get their default names unless
-        `tables` names them (one `ComponentTables` per component, built by
-        the package that owns them).
+        `tables` names them: one per component, a name class of the package
+        that owns them (e.g. `projections.ProjectionTableNames`).
         """
         async with self.pool.connection() as conn:
             await migrate(conn, self.settings, tables=tables)

@@ -31,9 +31,9 @@ from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import LockTimeout, SchemaOutdated
 from journal.schema import (
     MIGRATION_LOCK_KEY,
-    ComponentTables,
     Migration,
     MigrationHook,
+    TableNaming,
     VersionSql,
     check_versions,
     installation,
@@ -65,7 +65,7 @@ async def migrate(
     *,
     dry_run: bool = False,
     on_step: MigrationHook | None = None,
-    tables: Sequence[ComponentTables] = (),
+    tables: Sequence[TableNaming] = (),
 ) -> list[Migration]:
     """Apply every pending step (or, with `dry_run`, only list them); the steps applied.
 

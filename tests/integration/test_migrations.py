@@ -246,7 +246,7 @@ async def test_projections_under_other_names_are_migrated_and_checked(
     settings = settings_of(schema)
     names = ProjectionTableNames(offset_table="offsets", lease_table="leases")
     async with Journal.connect(pg_dsn, settings, check_schema=False) as j:
-        await j.create_schema(tables=[ProjectionTables(j.tables, names)])
+        await j.create_schema(tables=[names])  # the names themselves: the documented way
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         versions = await read_versions(conn, Tables(settings))
     heads = {c.name: c.head for c in components()}
