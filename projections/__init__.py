@@ -1,6 +1,7 @@
 """slicejournal's projections: slice streams turned into read models, exactly once.
 
-The public API; everything not re-exported here is private.
+The public API: the names in `__all__` (see "Stability" in the README); every
+module, and every name not in `__all__`, is private.
 
     projection = Projection.exactly_once(
         journal, name="balances", entity_type="Account",
@@ -10,8 +11,8 @@ The public API; everything not re-exported here is private.
 
 from typing import TYPE_CHECKING
 
-from journal._lazy import lazy_attributes
-from projections.core import Mode, ProjectionCore, ProjectionStats
+from journal._lazy import lazy_attributes, moved, private
+from projections.core import ProjectionStats
 from projections.errors import (
     LeaseLost,
     OffsetConflict,
@@ -19,7 +20,6 @@ from projections.errors import (
     UnknownProjection,
     WaitTimeout,
 )
-from projections.offset_store import OffsetState, Record, Validation, Verdict
 from projections.recovery import OnFailure, RecoveryStrategy
 from projections.retention import (
     ProjectionInfo,
@@ -29,14 +29,12 @@ from projections.retention import (
     RetentionProgress,
     RetentionReport,
     RetentionSettings,
-    parse_duration,
 )
 from projections.settings import ProjectionSettings, ProjectionTableNames
 
 # The runners and management load psycopg and asyncio, the exporters prometheus_client
 # and OpenTelemetry (the [otel] extra): imported on first use.
 if TYPE_CHECKING:
-    from journal.telemetry import use_telemetry
     from projections.aio.fleet_control import FleetControl
     from projections.aio.group import ProjectionGroup
     from projections.aio.management import ProjectionManagement
@@ -61,7 +59,6 @@ if TYPE_CHECKING:
         SyncHandler,
         SyncProjection,
     )
-    from projections.tables import ProjectionTables
     from projections.telemetry import InstanceTelemetry, RecordingTelemetry, Telemetry
     from projections.telemetry_otel import OtelTelemetry
     from projections.telemetry_prometheus import PrometheusTelemetry
@@ -94,13 +91,39 @@ __getattr__, __dir__ = lazy_attributes(
         ),
         "SyncProjectionGroup": "projections.sync.group",
         "Backlog": "projections.backlog",
-        "ProjectionTables": "projections.tables",
         **dict.fromkeys(
             ("InstanceTelemetry", "RecordingTelemetry", "Telemetry"), "projections.telemetry"
         ),
         "PrometheusTelemetry": "projections.telemetry_prometheus",
         "OtelTelemetry": "projections.telemetry_otel",
-        "use_telemetry": "journal.telemetry",
+    },
+    # Exported by 0.2.0, deprecated in 0.3.0: each use warns, naming what to use instead.
+    deprecated={
+        "Mode": private(
+            "projections.core",
+            "Mode",
+            "choose the mode with `Projection.exactly_once` / `grouped` / `at_least_once` "
+            "(`Projection.mode` still reads it)",
+        ),
+        **{
+            name: private(module, name)
+            for name, module in (
+                ("ProjectionCore", "projections.core"),
+                ("OffsetState", "projections.offset_store"),
+                ("Record", "projections.offset_store"),
+                ("Validation", "projections.offset_store"),
+                ("Verdict", "projections.offset_store"),
+            )
+        },
+        "ProjectionTables": private(
+            "projections.tables",
+            "ProjectionTables",
+            "pass a `ProjectionTableNames` instead: `ProjectionSettings(tables=...)`, "
+            "`ProjectionManagement(journal, tables=...)`, "
+            "`journal.create_schema(tables=[ProjectionTableNames(...)])`",
+        ),
+        "use_telemetry": moved("journal.telemetry", "use_telemetry", "journal"),
+        "parse_duration": moved("journal.durations", "parse_duration", "journal"),
     },
 )
 
@@ -116,13 +139,10 @@ __all__ = [
     "InstanceTelemetry",
     "LeaseLost",
     "LeaseStatus",
-    "Mode",
     "OffsetConflict",
-    "OffsetState",
     "OnFailure",
     "OtelTelemetry",
     "Projection",
-    "ProjectionCore",
     "ProjectionError",
     "ProjectionGroup",
     "ProjectionInfo",
@@ -130,11 +150,9 @@ __all__ = [
     "ProjectionSettings",
     "ProjectionStats",
     "ProjectionTableNames",
-    "ProjectionTables",
     "PrometheusTelemetry",
     "RangeReport",
     "RangeStatus",
-    "Record",
     "RecordingTelemetry",
     "RecoveryStrategy",
     "Registration",
@@ -153,11 +171,7 @@ __all__ = [
     "SyncRetention",
     "Telemetry",
     "UnknownProjection",
-    "Validation",
-    "Verdict",
     "WaitTimeout",
     "WorkerApp",
     "WorkerSettings",
-    "parse_duration",
-    "use_telemetry",
 ]

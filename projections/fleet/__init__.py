@@ -5,37 +5,34 @@ through PostgreSQL leases, fenced, and rescaled with one command.
     slicejournal scale balances 8                     # the running fleet follows
 
 Programmatic use: `FleetWorker(journal, factory).run()` is what the command
-runs; `FleetControl(journal)` scales, reads status and moves offsets.
+runs; `FleetControl(journal)` scales, reads status and moves offsets. Both, and
+`WorkerApp`, `WorkerSettings`, `FleetStatus`, `LeaseStatus`, are exported by
+`projections` (one name for one thing): this package exports nothing of its own.
+The names it exported in 0.2.0 still work, with a `DeprecationWarning`, until 0.4.0.
 """
 
-from typing import TYPE_CHECKING
-
-from journal._lazy import lazy_attributes
-from projections.fleet.assignment import LeaseRow, Plan, assign, plan
-
-if TYPE_CHECKING:
-    from projections.aio.fleet_control import FleetControl
-    from projections.fleet.status import FleetStatus, LeaseStatus
-    from projections.fleet.worker import FleetWorker, WorkerApp, WorkerSettings
+from journal._lazy import lazy_attributes, moved, private
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
-    {
-        **dict.fromkeys(("FleetStatus", "LeaseStatus"), "projections.fleet.status"),
-        "FleetControl": "projections.aio.fleet_control",
-        **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
+    {},
+    deprecated={
+        **{
+            name: moved(module, name, "projections")
+            for name, module in (
+                ("FleetControl", "projections.aio.fleet_control"),
+                ("FleetStatus", "projections.fleet.status"),
+                ("LeaseStatus", "projections.fleet.status"),
+                ("FleetWorker", "projections.fleet.worker"),
+                ("WorkerApp", "projections.fleet.worker"),
+                ("WorkerSettings", "projections.fleet.worker"),
+            )
+        },
+        **{
+            name: private("projections.fleet.assignment", name)
+            for name in ("LeaseRow", "Plan", "assign", "plan")
+        },
     },
 )
 
-__all__ = [
-    "FleetControl",
-    "FleetStatus",
-    "FleetWorker",
-    "LeaseRow",
-    "LeaseStatus",
-    "Plan",
-    "WorkerApp",
-    "WorkerSettings",
-    "assign",
-    "plan",
-]
+__all__: list[str] = []

@@ -18,15 +18,14 @@ everything that drives Spark or the database is imported on first use
 
 from typing import TYPE_CHECKING
 
-from journal._lazy import lazy_attributes
+from journal._lazy import lazy_attributes, moved, private
 from projections.spark.options import SourceOptionError
 
 # pyspark, pyarrow and psycopg: imported on first use.
 if TYPE_CHECKING:
     from projections.spark.driver import RebuildResult, project, rebuild, store_start
     from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
-    from projections.spark.session import is_spark_session, local_session, register, spark_session
-    from projections.spark.sink import SparkHandler
+    from projections.spark.session import local_session, register, spark_session
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
@@ -36,10 +35,14 @@ __getattr__, __dir__ = lazy_attributes(
             ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
         ),
         **dict.fromkeys(
-            ("is_spark_session", "local_session", "register", "spark_session"),
-            "projections.spark.session",
+            ("local_session", "register", "spark_session"), "projections.spark.session"
         ),
-        "SparkHandler": "projections.spark.sink",
+    },
+    # Exported by 0.2.0, deprecated in 0.3.0: each use warns, naming what to use instead.
+    deprecated={
+        # The handler of `project` / `rebuild` is a grouped handler: one name for one thing.
+        "SparkHandler": moved("projections.sync.runner", "SyncGroupedHandler", "projections"),
+        "is_spark_session": private("projections.spark.session", "is_spark_session"),
     },
 )
 
@@ -48,8 +51,6 @@ __all__ = [
     "ProjectionBusy",
     "RebuildResult",
     "SourceOptionError",
-    "SparkHandler",
-    "is_spark_session",
     "local_session",
     "project",
     "rebuild",

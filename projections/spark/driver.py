@@ -44,10 +44,11 @@ from projections.spark.leases import (
 )
 from projections.spark.options import DEFAULT_PARTITIONS, backtracking_window, parse_options
 from projections.spark.session import is_connect_session, is_spark_session, register
-from projections.spark.sink import PartitionApplier, SparkHandler
+from projections.spark.sink import PartitionApplier
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
 from projections.sync.offset_dao import OffsetDao
+from projections.sync.runner import SyncGroupedHandler
 from projections.tables import projection_tables
 from projections.telemetry import NO_TELEMETRY, Telemetry, telemetry_for_runner
 
@@ -109,7 +110,7 @@ def _applier(
     offset_name: str,
     entity_type: str,
     ranges: Sequence[SliceRange],
-    handler: SparkHandler,
+    handler: SyncGroupedHandler,
     projection_settings: ProjectionSettings | None,
     serializers: Callable[[], SerializerRegistry] | None,
     **extra: Any,
@@ -168,7 +169,7 @@ def project(
     dsn: str,
     name: str,
     entity_type: str,
-    handler: SparkHandler,
+    handler: SyncGroupedHandler,
     checkpoint_location: str,
     trigger: Mapping[str, Any] | None = None,
     settings: JournalSettings | None = None,
@@ -296,7 +297,7 @@ def rebuild(
     dsn: str,
     name: str,
     entity_type: str,
-    handler: SparkHandler,
+    handler: SyncGroupedHandler,
     tables: Sequence[str],
     up_to: datetime | None = None,
     settings: JournalSettings | None = None,

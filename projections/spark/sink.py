@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pyarrow as pa
@@ -34,7 +34,6 @@ import pyarrow.compute as pc
 from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
-from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
@@ -50,9 +49,10 @@ from projections.sync.core_io import CoreReads
 from projections.sync.offset_dao import OffsetDao
 from projections.tables import ProjectionTables
 
-_log = logging.getLogger("slicejournal.projections.spark")
+if TYPE_CHECKING:
+    from projections.sync.runner import SyncGroupedHandler
 
-SparkHandler = Callable[[Connection[Any], list[EventEnvelope]], None]
+_log = logging.getLogger("slicejournal.projections.spark")
 
 
 def _default_registry() -> SerializerRegistry:
@@ -74,7 +74,7 @@ class PartitionApplier:
     offset_name: str
     entity_type: str
     ranges: tuple[SliceRange, ...]
-    handler: SparkHandler
+    handler: SyncGroupedHandler
     projection_settings: ProjectionSettings
     fences: tuple[Fence, ...] = ()
     registry: Callable[[], SerializerRegistry] = _default_registry

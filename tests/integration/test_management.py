@@ -28,15 +28,14 @@ from journal import (
 )
 from projections import (
     DeadLetter,
-    Mode,
     Projection,
     ProjectionManagement,
     ProjectionSettings,
-    Record,
 )
 from projections.aio.offset_dao import OffsetDao
+from projections.core import Mode
 from projections.errors import UnknownProjection
-from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR
+from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
 from projections.tables import ProjectionTables
 from tests.support import bank
 from tests.support.pg import fast_query_settings

@@ -22,8 +22,13 @@ from journal import (
     QuerySettings,
     parse_duration,
 )
-from projections import ProjectionSettings, RecoveryStrategy, RetentionPolicy, RetentionSettings
-from projections.fleet import WorkerSettings
+from projections import (
+    ProjectionSettings,
+    RecoveryStrategy,
+    RetentionPolicy,
+    RetentionSettings,
+    WorkerSettings,
+)
 
 SETTINGS = (
     JournalSettings,
