@@ -73,7 +73,8 @@ class SchemaNotInitialized(JournalError):
         location = f" in {where}" if where else ""
         super().__init__(
             f"table {schema}.{table} does not exist{location}: the journal schema {schema!r} "
-            f"is not initialised; run `slicejournal migrate --dsn DSN --schema {shlex.quote(schema)}` "
+            "is not initialised; run `slicejournal migrate --dsn DSN --schema "
+            f"{shlex.quote(schema)}` "
             "once, or pass create_schema=True to Journal.connect"
         )
 
