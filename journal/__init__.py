@@ -39,6 +39,7 @@ from journal.errors import (
     SchemaTooNew,
     SerializationError,
 )
+from journal.filter import EventFilter
 from journal.model import (
     NOT_LOADED,
     UNDECODABLE,
@@ -104,6 +105,7 @@ __all__ = [
     "DeserializationError",
     "Duration",
     "EventEnvelope",
+    "EventFilter",
     "HorizonSettings",
     "InvalidArgument",
     "InvalidPersistenceId",

@@ -79,6 +79,11 @@ UNDECODABLE: Final = _Marker("UNDECODABLE")
 # `Journal.delete_all`'s tombstone row: event_ser_id 0 with this manifest, deleted, no payload.
 TOMBSTONE_MANIFEST: Final = "slicejournal.tombstone"
 TOMBSTONE_SER_ID: Final = 0
+# An event the stream's `EventFilter` left out: only its key and offset were read.
+FILTERED: Final = _Marker("FILTERED")
+# What a filtered query selects instead of such a row's serializer id and manifest.
+FILTERED_MANIFEST: Final = "slicejournal.filtered"
+FILTERED_SER_ID: Final = TOMBSTONE_SER_ID  # the row decoder tells them by manifest
 
 
 @attrs.frozen
@@ -136,6 +141,8 @@ class EventEnvelope:
     of query produced the envelope: "query", "backtracking", "persistence_id",
     "append" or, for idle progress markers, "heartbeat". `deleted` marks the
     tombstone `Journal.delete_all` leaves: the id was erased, `event` is None.
+    `event` is `FILTERED` for an event a stream's `EventFilter` left out (see
+    `filtered`).
     """
 
     persistence_id: str
@@ -164,6 +171,13 @@ class EventEnvelope:
     def event_loaded(self) -> bool:
         """False for backtracking envelopes whose payload has not been read."""
         return self.event is not NOT_LOADED
+
+    @property
+    def filtered(self) -> bool:
+        """True for an event the stream's `EventFilter` left out (`event` is `FILTERED`):
+        delivered, key and offset only, to consumers that track every seq_nr
+        (`filtered_envelopes=True`; projections record it, handlers never see it)."""
+        return self.event is FILTERED
 
     @property
     def is_heartbeat(self) -> bool:

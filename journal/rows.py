@@ -14,6 +14,8 @@ from typing import Any
 
 from journal.errors import DeserializationError
 from journal.model import (
+    FILTERED,
+    FILTERED_MANIFEST,
     NOT_LOADED,
     TOMBSTONE_MANIFEST,
     TOMBSTONE_SER_ID,
@@ -144,13 +146,22 @@ def rows_to_envelopes(
             meta_payload,
             payload,
         ) = row[:ROW_WIDTH]
-        if ser_id == TOMBSTONE_SER_ID and manifest == TOMBSTONE_MANIFEST:
-            append(
-                tombstone_envelope(
-                    pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
+        if ser_id == TOMBSTONE_SER_ID:  # 0: a tombstone or a filtered-out row, or neither
+            if manifest == TOMBSTONE_MANIFEST:
+                append(
+                    tombstone_envelope(
+                        pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
+                    )
                 )
-            )
-            continue
+                continue
+            if manifest == FILTERED_MANIFEST:  # `envelope_columns(matched=...)`: key only
+                append(
+                    new_envelope(
+                        pid, entity_type, slice_, seq_nr, db_timestamp, FILTERED, None,
+                        FILTERED_MANIFEST, (), None, writer, offset, source, None, False,
+                    )
+                )  # fmt: skip
+                continue
         event: Any = NOT_LOADED
         metadata: Any = None
         error: DeserializationError | None = None

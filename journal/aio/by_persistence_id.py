@@ -40,7 +40,7 @@ class PersistenceIdQueries:
         self._page_size = page_size
         self._refresh = refresh_interval
         self._listener = listener
-        self._by_pid = q.by_persistence_id(tables)
+        self._by_pid, _ = q.by_persistence_id(tables)
 
     async def _page(self, pid: str, from_seq: int, to_seq: int) -> list[EventEnvelope]:
         async with self._pool.connection() as conn:

@@ -26,7 +26,8 @@ from journal.aio.flavour import sleep
 from journal.aio.notifications import NotificationListener, Subscription, wait_for_wakeup
 from journal.connection import driver_errors
 from journal.errors import ProtocolError
-from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
+from journal.filter import EventFilter
+from journal.model import FILTERED, EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.query import sql as q
 from journal.query.by_slice import (
     BucketsQuery,
@@ -81,8 +82,14 @@ class SliceReader:
         live: bool,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
+        event_filter: EventFilter | None = None,
+        filtered_envelopes: bool = False,
     ) -> AsyncGenerator[EventEnvelope, None]:
-        """Yield envelopes of the range as decided by a fresh `BySliceQuery`."""
+        """Yield envelopes of the range as decided by a fresh `BySliceQuery`.
+
+        With `event_filter`, the rows it leaves out are read as keys only; they
+        advance the query like any row and are yielded (as `FILTERED` envelopes)
+        only with `filtered_envelopes`."""
         with driver_errors():
             settings = settings or self._settings
             end = None if live else await self.database_time()
@@ -126,12 +133,15 @@ class SliceReader:
                         source = "backtracking" if request.backtracking else "query"
                         registry = self._registry
                         batches = self._batches(
-                            entity_type, min_slice, max_slice, request, settings
+                            entity_type, min_slice, max_slice, request, settings, event_filter
                         )
+                        skip = event_filter is not None and not filtered_envelopes
                         async with contextlib.aclosing(batches):
                             async for batch in batches:
                                 emitted = machine.on_rows(batch, time.monotonic())
                                 for envelope in rows_to_envelopes(emitted, registry, source=source):
+                                    if skip and envelope.event is FILTERED:
+                                        continue
                                     yield envelope
                         machine.on_rows_done(time.monotonic())
             finally:
@@ -146,8 +156,11 @@ class SliceReader:
         max_slice: int,
         request: RowsQuery,
         settings: QuerySettings,
+        event_filter: EventFilter | None,
     ) -> AsyncGenerator[list[Any], None]:
-        statement, params = q.slice_rows(self._tables, entity_type, min_slice, max_slice, request)
+        statement, params = q.slice_rows(
+            self._tables, entity_type, min_slice, max_slice, request, event_filter
+        )
         if request.limit is not None:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(statement, params, binary=True)

@@ -12,17 +12,65 @@ from typing import Any
 
 from psycopg import sql
 
-from journal.model import TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
+from journal.filter import EventFilter
+from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID, TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
 from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
 from journal.rows import COLUMNS, PAYLOAD_COLUMN
 from journal.tables import Tables
 
 
-def envelope_columns(*, with_payload: bool = True) -> sql.Composable:
-    """The select list every envelope query uses; without payload it selects NULL instead."""
+def envelope_columns(
+    *, with_payload: bool = True, matched: sql.Composable | None = None
+) -> sql.Composable:
+    """The select list every envelope query uses; without payload it selects NULL instead.
+
+    With `matched` (a filter's condition, tombstones included): a row it does not
+    hold for is selected as its key only — the filtered sentinel's serializer id
+    and manifest, no tags, metadata or payload — so the server never ships what
+    the consumer does not want (`journal.rows` turns it into a `FILTERED` envelope).
+    """
+    payload: sql.Composable = (
+        sql.Identifier(PAYLOAD_COLUMN) if with_payload else sql.SQL("NULL::bytea")
+    )
     cols: list[sql.Composable] = [sql.Identifier(c) for c in COLUMNS]
-    cols.append(sql.Identifier(PAYLOAD_COLUMN) if with_payload else sql.SQL("NULL::bytea"))
+    if matched is not None:
+        when = {"m": matched}
+        for name, otherwise in _FILTERED_COLUMNS.items():
+            cols[COLUMNS.index(name)] = sql.SQL(
+                "CASE WHEN {m} THEN {c} ELSE {o} END AS {c}"
+            ).format(c=sql.Identifier(name), o=otherwise, **when)
+        payload = sql.SQL("CASE WHEN {m} THEN {p} END").format(p=payload, **when)
+    cols.append(payload)
     return sql.SQL(", ").join(cols)
+
+
+# What a filtered-out row's columns read as (the rest of its key is kept).
+_FILTERED_COLUMNS: dict[str, sql.Composable] = {
+    "tags": sql.SQL("NULL::text[]"),
+    "event_ser_id": sql.Literal(FILTERED_SER_ID),
+    "event_ser_manifest": sql.Literal(FILTERED_MANIFEST),
+    "meta_ser_id": sql.SQL("NULL::int"),
+    "meta_ser_manifest": sql.SQL("NULL::text"),
+    "meta_payload": sql.SQL("NULL::bytea"),
+}
+
+
+def filter_matches(
+    event_filter: EventFilter | None,
+) -> tuple[sql.Composable | None, dict[str, Any]]:
+    """The condition a row must meet to be delivered whole under `event_filter` (a
+    tombstone always is), with its parameters; (None, {}) without a filter."""
+    if event_filter is None:
+        return None, {}
+    condition, params = event_filter.condition()
+    tombstone, tombstone_params = (
+        _IS_TOMBSTONE,
+        {
+            "tombstone": TOMBSTONE_MANIFEST,
+            "tombstone_ser_id": TOMBSTONE_SER_ID,
+        },
+    )
+    return sql.SQL("({} OR {})").format(condition, tombstone), {**params, **tombstone_params}
 
 
 SLICE_RANGE = sql.SQL(
@@ -30,10 +78,10 @@ SLICE_RANGE = sql.SQL(
 )
 
 
-_NOT_DELETED_OR_TOMBSTONE = sql.SQL(
-    "(deleted = false OR (event_ser_id = %(tombstone_ser_id)s "
-    "AND event_ser_manifest = %(tombstone)s))"
+_IS_TOMBSTONE = sql.SQL(
+    "(event_ser_id = %(tombstone_ser_id)s AND event_ser_manifest = %(tombstone)s)"
 )
+_NOT_DELETED_OR_TOMBSTONE = sql.SQL("(deleted = false OR {})").format(_IS_TOMBSTONE)
 
 
 def delivered_rows() -> tuple[sql.Composable, dict[str, Any]]:
@@ -69,10 +117,18 @@ def time_bounds(
 
 
 def slice_rows(
-    tables: Tables, entity_type: str, min_slice: int, max_slice: int, query: RowsQuery
+    tables: Tables,
+    entity_type: str,
+    min_slice: int,
+    max_slice: int,
+    query: RowsQuery,
+    event_filter: EventFilter | None = None,
 ) -> tuple[sql.Composed, dict[str, Any]]:
-    """SELECT for one slice-range RowsQuery; the last column is the read time."""
+    """SELECT for one slice-range RowsQuery; the last column is the read time. With
+    `event_filter`, rows it leaves out come back as their key only."""
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
+    matched, filter_params = filter_matches(event_filter)
+    params |= filter_params
     delivered, delivered_params = delivered_rows()
     where: list[sql.Composable] = [SLICE_RANGE, *bounds, delivered]
     params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice,
@@ -98,7 +154,7 @@ def slice_rows(
         "SELECT {columns}, transaction_timestamp() FROM {journal} WHERE {where} "
         "ORDER BY db_timestamp, seq_nr"
     ).format(
-        columns=envelope_columns(with_payload=query.with_payload),
+        columns=envelope_columns(with_payload=query.with_payload, matched=matched),
         journal=tables.journal,
         where=sql.SQL(" AND ").join(where),
     )
@@ -205,13 +261,18 @@ def horizon(tables: Tables, reader_application: str) -> tuple[sql.Composed, dict
     return _HORIZON, params
 
 
-def by_persistence_id(tables: Tables) -> sql.Composed:
-    """Events of one id in seq_nr order, from/to inclusive, paged by LIMIT."""
-    return sql.SQL(
+def by_persistence_id(
+    tables: Tables, event_filter: EventFilter | None = None
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """Events of one id in seq_nr order, from/to inclusive, paged by LIMIT; the
+    parameters besides pid, from_seq, to_seq and limit (a filter's)."""
+    matched, params = filter_matches(event_filter)
+    statement = sql.SQL(
         "SELECT {columns} FROM {journal} WHERE persistence_id = %(pid)s "
         "AND seq_nr >= %(from_seq)s AND seq_nr <= %(to_seq)s AND deleted = false "
         "ORDER BY seq_nr LIMIT %(limit)s"
-    ).format(columns=envelope_columns(), journal=tables.journal)
+    ).format(columns=envelope_columns(matched=matched), journal=tables.journal)
+    return statement, params
 
 
 def one_event(tables: Tables) -> sql.Composed:

@@ -42,7 +42,7 @@ class PersistenceIdQueries:
         self._page_size = page_size
         self._refresh = refresh_interval
         self._listener = listener
-        self._by_pid = q.by_persistence_id(tables)
+        self._by_pid, _ = q.by_persistence_id(tables)
 
     def _page(self, pid: str, from_seq: int, to_seq: int) -> list[EventEnvelope]:
         with self._pool.connection() as conn:

@@ -21,6 +21,7 @@ from journal.connection import translate_errors
 from journal.dsn import database
 from journal.erasure import DEFAULT_BATCH_SIZE, check_erasure
 from journal.errors import InvalidArgument
+from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, Snapshot, TimestampOffset
 from journal.query import sql as q
 from journal.query.by_persistence_id import check_seq_range
@@ -344,6 +345,8 @@ class SyncJournal:
         *,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
+        filter: EventFilter | None = None,
+        filtered_envelopes: bool = False,
     ) -> Generator[EventEnvelope, None, None]:
         """Live stream of the entity type's events in a slice range, never ending on its own.
 
@@ -353,6 +356,12 @@ class SyncJournal:
         from an envelope's `offset` continues right after it. With
         `heartbeats=True`, idle periods yield heartbeat envelopes whose offset
         advances with the database clock.
+
+        `filter`: only the events an `EventFilter` lets through (evaluated by
+        PostgreSQL; the others' payloads are never read). With
+        `filtered_envelopes=True` the others come too, key and offset only
+        (`envelope.filtered`): what a consumer that tracks every seq_nr of an id
+        needs (projections do).
         """
         check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._slices.stream(
@@ -363,6 +372,8 @@ class SyncJournal:
             live=True,
             heartbeats=heartbeats,
             settings=settings,
+            event_filter=check_filter(filter),
+            filtered_envelopes=filtered_envelopes,
         )
 
     def current_events_by_slices(
@@ -373,11 +384,21 @@ class SyncJournal:
         offset: TimestampOffset | None = None,
         *,
         settings: QuerySettings | None = None,
+        filter: EventFilter | None = None,
+        filtered_envelopes: bool = False,
     ) -> Generator[EventEnvelope, None, None]:
-        """The range's events up to the database time at the start, then the end."""
+        """The range's events up to the database time at the start, then the end
+        (`filter`, `filtered_envelopes`: as for `events_by_slices`)."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
         return self._slices.stream(
-            entity_type, min_slice, max_slice, offset, live=False, settings=settings
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            live=False,
+            settings=settings,
+            event_filter=check_filter(filter),
+            filtered_envelopes=filtered_envelopes,
         )
 
     @translate_errors

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.query import sql as q
 from journal.rows import row_to_envelope
@@ -53,6 +54,7 @@ async def reply_to(
     registry: SerializerRegistry,
     request: Read,
     offsets: OffsetSql | None = None,
+    event_filter: EventFilter | None = None,
 ) -> Any:
     """The reply `ProjectionCore.answer` expects for `request`, read on `conn`
     (`offsets`: the projection's offset statements, for a `StoredOffset`)."""
@@ -76,7 +78,8 @@ async def reply_to(
             "to_seq": request.to_seq_nr,
             "limit": request.to_seq_nr - request.from_seq_nr + 1,
         }
-        cur = await conn.execute(q.by_persistence_id(tables), params)
+        by_pid, filter_params = q.by_persistence_id(tables, event_filter)
+        cur = await conn.execute(by_pid, {**params, **filter_params})
         rows = await cur.fetchall()
         events = [row_to_envelope(r, registry, source="persistence_id") for r in rows]
         complete = len(events) == params["limit"]
@@ -102,20 +105,27 @@ class CoreReads:
         pool: AsyncConnectionPool[Any] | None = None,
         conn: AsyncConnection[Any] | None = None,
         offsets: OffsetSql | None = None,
+        event_filter: EventFilter | None = None,
     ) -> None:
         self._tables = tables
         self._registry = registry
         self._pool = pool
         self._conn = conn
         self._offsets = offsets
+        # A projection's filter: gap fills read the events it leaves out as keys only.
+        self._filter = event_filter
 
     async def reply(self, request: Read) -> Any:
         """Read what `request` asks for."""
         if self._conn is not None:
-            return await reply_to(self._conn, self._tables, self._registry, request, self._offsets)
+            return await reply_to(
+                self._conn, self._tables, self._registry, request, self._offsets, self._filter
+            )
         assert self._pool is not None, "CoreReads needs a pool or a connection"
         async with self._pool.connection() as conn:
-            return await reply_to(conn, self._tables, self._registry, request, self._offsets)
+            return await reply_to(
+                conn, self._tables, self._registry, request, self._offsets, self._filter
+            )
 
     async def drive(
         self, core: ProjectionCore, action: Action | None

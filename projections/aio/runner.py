@@ -52,6 +52,7 @@ from journal.aio.journal import Journal
 from journal.aio.notifications import Notifier
 from journal.aio.pool import connect
 from journal.connection import driver_errors, schema_errors
+from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -138,6 +139,7 @@ class Projection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
         check_handler_flavour(handler, asynchronous=ASYNC)
@@ -155,8 +157,15 @@ class Projection:
         self.tables = ProjectionTables(journal.tables, self.settings.tables)
         self._dao = OffsetDao(self.tables, self.name)
         self._management = ManagementSql(self.tables)
+        # Only the events the filter lets through reach the handler; the others come as
+        # keys (`envelope.filtered`), so the offset store sees every seq_nr of an id.
+        self.filter = check_filter(filter)
         self._reads = CoreReads(
-            journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
+            journal.tables,
+            journal.serializers,
+            pool=journal.read_pool,
+            offsets=self._dao.sql,
+            event_filter=self.filter,
         )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
@@ -200,6 +209,7 @@ class Projection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> Projection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
@@ -211,7 +221,7 @@ class Projection:
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -226,6 +236,7 @@ class Projection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> Projection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
@@ -233,7 +244,7 @@ class Projection:
         return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -248,6 +259,7 @@ class Projection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> Projection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
@@ -255,7 +267,7 @@ class Projection:
         return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -380,8 +392,9 @@ class Projection:
         r = self.slice_range
         if until_caught_up:
             stream = self.journal.current_events_by_slices(
-                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings
-            )
+                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,
+                filter=self.filter, filtered_envelopes=True,
+            )  # fmt: skip
         else:
             stream = self.journal.events_by_slices(
                 self.entity_type,
@@ -390,6 +403,8 @@ class Projection:
                 start,
                 heartbeats=True,
                 settings=self.query_settings,
+                filter=self.filter,
+                filtered_envelopes=True,
             )
         try:
             async with contextlib.aclosing(stream):
@@ -539,13 +554,15 @@ class Projection:
     async def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
+        wanted = [env for env in envelopes if not env.filtered]
         async with self.journal.pool.connection() as conn, self._round_trips(conn):
             if self._fence is not None:
                 await conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
-                await self._handler(conn, envelopes)
+                if wanted:
+                    await self._handler(conn, wanted)
             else:
-                for env in envelopes:
+                for env in wanted:
                     await self._handler(conn, env)
             await self._dao.save(conn, self.key, commit.records, self._fence)
 
@@ -577,7 +594,8 @@ class Projection:
     async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
         check_decoded(envelopes)
         for env in envelopes:
-            await self._handler(env)
+            if not env.filtered:
+                await self._handler(env)
 
     async def _with_recovery(
         self,

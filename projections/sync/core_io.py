@@ -20,6 +20,7 @@ from typing import Any
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.query import sql as q
 from journal.rows import row_to_envelope
@@ -55,6 +56,7 @@ def reply_to(
     registry: SerializerRegistry,
     request: Read,
     offsets: OffsetSql | None = None,
+    event_filter: EventFilter | None = None,
 ) -> Any:
     """The reply `ProjectionCore.answer` expects for `request`, read on `conn`
     (`offsets`: the projection's offset statements, for a `StoredOffset`)."""
@@ -78,7 +80,8 @@ def reply_to(
             "to_seq": request.to_seq_nr,
             "limit": request.to_seq_nr - request.from_seq_nr + 1,
         }
-        cur = conn.execute(q.by_persistence_id(tables), params)
+        by_pid, filter_params = q.by_persistence_id(tables, event_filter)
+        cur = conn.execute(by_pid, {**params, **filter_params})
         rows = cur.fetchall()
         events = [row_to_envelope(r, registry, source="persistence_id") for r in rows]
         complete = len(events) == params["limit"]
@@ -104,20 +107,27 @@ class CoreReads:
         pool: ConnectionPool[Any] | None = None,
         conn: Connection[Any] | None = None,
         offsets: OffsetSql | None = None,
+        event_filter: EventFilter | None = None,
     ) -> None:
         self._tables = tables
         self._registry = registry
         self._pool = pool
         self._conn = conn
         self._offsets = offsets
+        # A projection's filter: gap fills read the events it leaves out as keys only.
+        self._filter = event_filter
 
     def reply(self, request: Read) -> Any:
         """Read what `request` asks for."""
         if self._conn is not None:
-            return reply_to(self._conn, self._tables, self._registry, request, self._offsets)
+            return reply_to(
+                self._conn, self._tables, self._registry, request, self._offsets, self._filter
+            )
         assert self._pool is not None, "CoreReads needs a pool or a connection"
         with self._pool.connection() as conn:
-            return reply_to(conn, self._tables, self._registry, request, self._offsets)
+            return reply_to(
+                conn, self._tables, self._registry, request, self._offsets, self._filter
+            )
 
     def drive(
         self, core: ProjectionCore, action: Action | None

@@ -38,6 +38,7 @@ import psycopg
 from psycopg import Connection
 
 from journal.connection import driver_errors, schema_errors
+from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, TimestampOffset
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
@@ -140,6 +141,7 @@ class SyncProjection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
         check_handler_flavour(handler, asynchronous=ASYNC)
@@ -157,8 +159,15 @@ class SyncProjection:
         self.tables = ProjectionTables(journal.tables, self.settings.tables)
         self._dao = OffsetDao(self.tables, self.name)
         self._management = ManagementSql(self.tables)
+        # Only the events the filter lets through reach the handler; the others come as
+        # keys (`envelope.filtered`), so the offset store sees every seq_nr of an id.
+        self.filter = check_filter(filter)
         self._reads = CoreReads(
-            journal.tables, journal.serializers, pool=journal.read_pool, offsets=self._dao.sql
+            journal.tables,
+            journal.serializers,
+            pool=journal.read_pool,
+            offsets=self._dao.sql,
+            event_filter=self.filter,
         )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
@@ -202,6 +211,7 @@ class SyncProjection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> SyncProjection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
@@ -213,7 +223,7 @@ class SyncProjection:
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -228,6 +238,7 @@ class SyncProjection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> SyncProjection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
@@ -235,7 +246,7 @@ class SyncProjection:
         return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -250,6 +261,7 @@ class SyncProjection:
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
     ) -> SyncProjection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
@@ -257,7 +269,7 @@ class SyncProjection:
         return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry)  # fmt: skip
+                   telemetry=telemetry, filter=filter)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -380,8 +392,9 @@ class SyncProjection:
         r = self.slice_range
         if until_caught_up:
             stream = self.journal.current_events_by_slices(
-                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings
-            )
+                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,
+                filter=self.filter, filtered_envelopes=True,
+            )  # fmt: skip
         else:
             stream = self.journal.events_by_slices(
                 self.entity_type,
@@ -390,6 +403,8 @@ class SyncProjection:
                 start,
                 heartbeats=True,
                 settings=self.query_settings,
+                filter=self.filter,
+                filtered_envelopes=True,
             )
         try:
             with contextlib.closing(stream):
@@ -539,13 +554,15 @@ class SyncProjection:
     def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
+        wanted = [env for env in envelopes if not env.filtered]
         with self.journal.pool.connection() as conn, self._round_trips(conn):
             if self._fence is not None:
                 conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
-                self._handler(conn, envelopes)
+                if wanted:
+                    self._handler(conn, wanted)
             else:
-                for env in envelopes:
+                for env in wanted:
                     self._handler(conn, env)
             self._dao.save(conn, self.key, commit.records, self._fence)
 
@@ -575,7 +592,8 @@ class SyncProjection:
     def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
         check_decoded(envelopes)
         for env in envelopes:
-            self._handler(env)
+            if not env.filtered:
+                self._handler(env)
 
     def _with_recovery(
         self,
