@@ -1,6 +1,7 @@
 """Throughput of `Journal.append` against raw psycopg inserting the same rows.
 
     .venv/bin/python benchmarks/append.py [--dsn DSN] [--seconds 5] [--rounds 2] [--quick]
+        [--cases 1x1,8x1]
 
 Four cases: 1 and 8 concurrent writers x batches of 1 and 100 events. Each
 writer appends to its own 50 persistence ids in rotation, tracking
@@ -22,14 +23,23 @@ Per case four variants are measured, each run in a fresh schema:
 
 Variants are interleaved (round 1: raw, journal, no-notify; round 2 reversed,
 ...) because the machine is shared and noisy; the table shows each variant's
-best run. The goal is journal/raw >= 0.8 in every case with NOTIFY on;
-journal/SQL shows how much of the gap is the library rather than the statement.
+best run. Each run also measures the client's CPU time (`time.process_time()`,
+this process: event loop, psycopg, the library) over its timed window, shown
+as microseconds per append (one `append` call / one statement, whatever the
+batch); a second table shows those figures (median over the rounds) for
+raw, the journal's SQL and the journal, and the journal's excess over its SQL.
+`--cases 1x1,8x1` runs only those WRITERSxBATCH cases.
+
+The goal is journal/raw >= 0.8 in every case with NOTIFY on; journal/SQL shows
+how much of the gap is the library rather than the statement.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -119,7 +129,7 @@ Writer = Callable[[psycopg.AsyncConnection[Any], Tables, PidRotation, int], Oper
 Worker = Callable[[psycopg.AsyncConnection[Any], Tables, int], Operation]
 
 
-async def run_raw(dsn: str, case: Case, timing: Timing, writer: Writer) -> Rate:
+async def run_raw(dsn: str, case: Case, timing: Timing, writer: Writer) -> Measured:
     """`writer` over one dedicated connection per writer (no pool, no journal)."""
     schema = fresh_schema("bench_raw")
     try:
@@ -136,7 +146,7 @@ async def run_raw(dsn: str, case: Case, timing: Timing, writer: Writer) -> Rate:
 
 async def measure_on_connections(
     dsn: str, schema: str, writers: int, timing: Timing, worker: Worker
-) -> Rate:
+) -> Measured:
     """The journal's tables created in `schema`, then `worker(conn, tables, index)` over
     one dedicated autocommit connection each; the stored rows are checked against the rate."""
     settings = JournalSettings(schema=schema)
@@ -234,7 +244,7 @@ def statement_writer(
     return append
 
 
-async def run_journal(dsn: str, case: Case, timing: Timing, *, notify: bool) -> Rate:
+async def run_journal(dsn: str, case: Case, timing: Timing, *, notify: bool) -> Measured:
     schema = fresh_schema("bench_journal")
     settings = JournalSettings(
         schema=schema, pool_max_size=case.writers + 2, writer_id=WRITER_ID, notify=notify
@@ -263,9 +273,38 @@ def journal_writer(journal: Journal, pids: PidRotation, batch: int) -> Operation
     return append
 
 
-async def measure_after_checkpoint(dsn: str, workers: list[Operation], timing: Timing) -> Rate:
+@dataclass(frozen=True)
+class Measured(Rate):
+    """A `Rate` with the client CPU time (`time.process_time`) spent in its timed window."""
+
+    cpu_seconds: float = 0.0
+
+    def cpu_us_per_op(self, batch: int) -> float:
+        """Client CPU microseconds per operation (`batch` items each)."""
+        ops = self.items / batch
+        return 1e6 * self.cpu_seconds / ops if ops else 0.0
+
+
+async def measure_after_checkpoint(dsn: str, workers: list[Operation], timing: Timing) -> Measured:
+    """`measure`, plus this process's CPU time over (very nearly) the same timed window:
+    a sampler sleeps through the same warm-up and window beside the workers."""
     await checkpoint(dsn)
-    return await measure(workers, warmup=timing.warmup, seconds=timing.seconds)
+    cpu: list[float] = []
+
+    async def sample() -> None:
+        await asyncio.sleep(timing.warmup)
+        cpu.append(time.process_time())
+        await asyncio.sleep(timing.seconds)
+        cpu.append(time.process_time())
+
+    sampler = asyncio.create_task(sample())
+    try:
+        rate = await measure(workers, warmup=timing.warmup, seconds=timing.seconds)
+    finally:
+        await asyncio.wait([sampler], timeout=timing.seconds + timing.warmup)
+        sampler.cancel()
+    used = cpu[1] - cpu[0] if len(cpu) == 2 else float("nan")
+    return Measured(rate.items, rate.seconds, rate.total, used)
 
 
 async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
@@ -279,7 +318,7 @@ async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
 # -- driver ---------------------------------------------------------------------------
 
 
-async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Rate:
+async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Measured:
     if variant == RAW:
         return await run_raw(dsn, case, timing, raw_writer)
     if variant == SQL_ONLY:
@@ -287,25 +326,38 @@ async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Rat
     return await run_journal(dsn, case, timing, notify=variant == JOURNAL)
 
 
-async def run_case(dsn: str, case: Case, timing: Timing) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+@dataclass
+class CaseResults:
+    """Per variant, each round's events/s and client CPU us per append."""
+
+    rates: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+
+
+async def run_case(dsn: str, case: Case, timing: Timing) -> CaseResults:
+    results = CaseResults({v: [] for v in VARIANTS}, {v: [] for v in VARIANTS})
     for round_ in range(timing.rounds):
         order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
         for variant in order:
             rate = await run_variant(variant, dsn, case, timing)
-            results[variant].append(rate.per_second)
+            results.rates[variant].append(rate.per_second)
+            results.cpu[variant].append(rate.cpu_us_per_op(case.batch))
             print(
                 f"  {case.name:<22} round {round_ + 1}  {variant:<19}"
-                f"{format_rate(rate.per_second):>10} events/s",
+                f"{format_rate(rate.per_second):>10} events/s"
+                f"{rate.cpu_us_per_op(case.batch):>9.1f} us CPU/append",
                 flush=True,
             )
+    rates = results.rates
     if timing.rounds > 1:
-        paired = [j / r for j, r in zip(results[JOURNAL], results[RAW], strict=True)]
-        ceiling = [q / r for q, r in zip(results[SQL_ONLY], results[RAW], strict=True)]
-        on_off = [j / q for j, q in zip(results[JOURNAL], results[NO_NOTIFY], strict=True)]
+        paired = [j / r for j, r in zip(rates[JOURNAL], rates[RAW], strict=True)]
+        own = [j / q for j, q in zip(rates[JOURNAL], rates[SQL_ONLY], strict=True)]
+        ceiling = [q / r for q, r in zip(rates[SQL_ONLY], rates[RAW], strict=True)]
+        on_off = [j / q for j, q in zip(rates[JOURNAL], rates[NO_NOTIFY], strict=True)]
         print(
             f"  {case.name:<22} per round: journal/raw "
-            f"{', '.join(map(format_ratio, paired))}; SQL/raw "
+            f"{', '.join(map(format_ratio, paired))}; journal/SQL "
+            f"{', '.join(map(format_ratio, own))}; SQL/raw "
             f"{', '.join(map(format_ratio, ceiling))}; notify on/off "
             f"{', '.join(map(format_ratio, on_off))}",
             flush=True,
@@ -313,9 +365,28 @@ async def run_case(dsn: str, case: Case, timing: Timing) -> dict[str, list[float
     return results
 
 
-def summary_rows(results: dict[Case, dict[str, list[float]]]) -> list[list[str]]:
+def cpu_rows(results: dict[Case, CaseResults]) -> list[list[str]]:
     rows = []
     for case, runs in results.items():
+        raw, statement, journal, quiet = (statistics.median(runs.cpu[v]) for v in VARIANTS)
+        rows.append(
+            [
+                case.name,
+                f"{raw:.1f}",
+                f"{statement:.1f}",
+                f"{journal:.1f}",
+                f"{quiet:.1f}",
+                f"{journal - statement:.1f}",
+                format_ratio(journal / raw) if raw else "-",
+            ]
+        )
+    return rows
+
+
+def summary_rows(results: dict[Case, CaseResults]) -> list[list[str]]:
+    rows = []
+    for case, case_runs in results.items():
+        runs = case_runs.rates
         raw, statement, journal, quiet = (best(runs[v]) for v in VARIANTS)
         rows.append(
             [
@@ -336,6 +407,10 @@ def summary_rows(results: dict[Case, dict[str, list[float]]]) -> list[list[str]]
 
 
 async def main_async(timing: Timing, dsn_arg: str | None) -> int:
+    return await run_cases(CASES, timing, dsn_arg)
+
+
+async def run_cases(cases: tuple[Case, ...], timing: Timing, dsn_arg: str | None) -> int:
     started = time.perf_counter()
     with database(dsn_arg) as db:
         await print_environment(db)
@@ -345,7 +420,7 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         )
         print(f"workload: {PIDS_PER_WRITER} persistence ids per writer, event {json.dumps(EVENT)}")
         print(flush=True)
-        results = {case: await run_case(db.dsn, case, timing) for case in CASES}
+        results = {case: await run_case(db.dsn, case, timing) for case in cases}
     print()
     print_table(
         [
@@ -363,7 +438,25 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         ],
         summary_rows(results),
     )
-    ratios = [best(r[JOURNAL]) / best(r[RAW]) for r in results.values()]
+    print()
+    print_table(
+        [
+            "case",
+            "raw us/append",
+            "SQL us/append",
+            "journal us/append",
+            "no-notify us/append",
+            "journal - SQL",
+            "journal/raw CPU",
+        ],
+        cpu_rows(results),
+    )
+    print(
+        "us/append: client CPU (time.process_time of this process) per append call or "
+        "statement over the timed window, median of the rounds;\njournal - SQL: the "
+        "library's own CPU per append beyond issuing its statement."
+    )
+    ratios = [best(r.rates[JOURNAL]) / best(r.rates[RAW]) for r in results.values()]
     met = sum(ratio >= GOAL for ratio in ratios)
     print()
     print(
@@ -388,5 +481,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Timin
     )
 
 
+def parse_cases(argv: list[str]) -> tuple[tuple[Case, ...], list[str]]:
+    """`--cases WxB,...` (default: every case) and the remaining arguments."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cases", default="")
+    known, rest = parser.parse_known_args(argv)
+    if not known.cases:
+        return CASES, rest
+    cases = []
+    for spec in known.cases.split(","):
+        writers, _, batch = spec.partition("x")
+        if not (writers.isdigit() and batch.isdigit()) or int(writers) < 1 or int(batch) < 1:
+            sys.exit(f"--cases: {spec!r} is not WRITERSxBATCH (e.g. 8x1)")
+        cases.append(Case(int(writers), int(batch)))
+    return tuple(cases), rest
+
+
+def main() -> int:
+    cases, rest = parse_cases(sys.argv[1:])
+    return run(parse_args(rest), lambda timing, dsn: run_cases(cases, timing, dsn))
+
+
 if __name__ == "__main__":
-    sys.exit(run(parse_args(), main_async))
+    sys.exit(main())
