@@ -3,9 +3,11 @@
 An append is a single statement: it reads the persistence id's highest row,
 checks the caller's `expected_seq_nr` against it and inserts the batch with
 `db_timestamp = GREATEST(transaction_timestamp(), previous + 1 µs)`, all in one
-round trip. A batch of one event, the common case, uses a scalar form of that
-statement: no arrays to encode and unnest, which is most of what a single
-append costs on the client beyond the round trip. Two writers racing for the
+round trip. A batch of up to `MAX_VALUES_EVENTS` events, the common case, uses a
+scalar form of that statement (one row of parameters per event in a `VALUES`
+list, one statement per batch size): no arrays to encode and unnest, which is
+most of what a small append costs on the client beyond the round trip; larger
+batches pass their events as three arrays. Two writers racing for the
 same seq_nr collide on the primary key; the loser gets `ConcurrencyError` and
 nothing of its batch is stored.
 """
@@ -131,6 +133,27 @@ _EVENTS = {
     "seq_nr": sql.SQL("e.n"),
 }
 
+# Batches of 2 ..= MAX_VALUES_EVENTS events: each event's three values as scalar
+# parameters of a VALUES row (`ser_id2`, `manifest2`, `payload2` for the second).
+# At most 9 + 3 * 10 = 39 parameters and well under 4 kB, so psycopg still caches
+# the statement's parsing (it does up to 50 parameters and 4096 bytes).
+MAX_VALUES_EVENTS = 10
+_VALUES_KEYS = tuple(
+    (f"ser_id{n}", f"manifest{n}", f"payload{n}") for n in range(1, MAX_VALUES_EVENTS + 1)
+)
+
+
+def _values_events(count: int) -> dict[str, sql.Composable]:
+    rows = ", ".join(
+        f"({n}, %({i})b::int, %({m})b::text, %({p})b::bytea)"
+        for n, (i, m, p) in enumerate(_VALUES_KEYS[:count], start=1)
+    )
+    return {
+        "event": sql.SQL("e.ser_id, e.manifest, e.payload"),
+        "source": sql.SQL(f"FROM (VALUES {rows}) AS e(n, ser_id, manifest, payload)"),
+        "seq_nr": sql.SQL("e.n"),
+    }
+
 
 # What turns an event row into the deletion marker that `delete_events_to` and retention
 # leave at the highest deleted seq_nr of a persistence id: `deleted = true`, no payload.
@@ -148,6 +171,8 @@ class WriterSql:
 
     append: str
     append_one: str
+    # append_values[n - 2]: the statement for a batch of n events, 2 <= n <= MAX_VALUES_EVENTS.
+    append_values: tuple[str, ...]
     highest: sql.Composed
     delete_before: sql.Composed
     mark_deleted: sql.Composed
@@ -155,11 +180,12 @@ class WriterSql:
     @classmethod
     def of(cls, tables: Tables) -> WriterSql:
         journal = tables.journal
+        prev = _PREVIOUS.format(journal=journal)
         return cls(
             # One result row: all events of an append share the timestamp.
             append=rendered(
                 sql.SQL("{prev}, ins AS ({insert} RETURNING db_timestamp) ").format(
-                    prev=_PREVIOUS.format(journal=journal),
+                    prev=prev,
                     insert=_INSERT.format(journal=journal, **_EVENTS),
                 )
                 + sql.SQL("SELECT count(*), max(db_timestamp) FROM ins")
@@ -169,9 +195,21 @@ class WriterSql:
             # `expected_seq_nr` is not current.
             append_one=rendered(
                 sql.SQL("{prev} {insert} RETURNING 1, db_timestamp").format(
-                    prev=_PREVIOUS.format(journal=journal),
+                    prev=prev,
                     insert=_INSERT.format(journal=journal, **_ONE_EVENT),
                 )
+            ),
+            # A few events as VALUES rows: one result row (1, timestamp) per event,
+            # all with the same timestamp; the first is read. No row when
+            # `expected_seq_nr` is not current.
+            append_values=tuple(
+                rendered(
+                    sql.SQL("{prev} {insert} RETURNING 1, db_timestamp").format(
+                        prev=prev,
+                        insert=_INSERT.format(journal=journal, **_values_events(count)),
+                    )
+                )
+                for count in range(2, MAX_VALUES_EVENTS + 1)
             ),
             highest=sql.SQL(
                 "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
@@ -189,26 +227,34 @@ class WriterSql:
     def append_statement(self, batch: PreparedAppend, writer_id: str) -> tuple[str, Any]:
         """The statement that stores a prepared batch, and its parameters."""
         meta = batch.meta
+        payloads = batch.payloads
         params: dict[str, Any] = {
             "pid": batch.persistence_id,
             "slice": batch.slice,
             "entity_type": batch.entity_type,
             "writer": writer_id,
-            "tags": list(batch.tags) or None,
-            "meta_ser_id": meta.serializer_id if meta else None,
-            "meta_manifest": meta.manifest if meta else None,
-            "meta_payload": meta.payload if meta else None,
+            "tags": list(batch.tags) if batch.tags else None,
+            "meta_ser_id": None if meta is None else meta.serializer_id,
+            "meta_manifest": None if meta is None else meta.manifest,
+            "meta_payload": None if meta is None else meta.payload,
             "expected": batch.expected_seq_nr,
         }
-        if len(batch.payloads) == 1:
-            (payload,) = batch.payloads
+        count = len(payloads)
+        if count == 1:
+            (payload,) = payloads
             params["ser_id"] = payload.serializer_id
             params["manifest"] = payload.manifest
             params["payload"] = payload.payload
             return self.append_one, params
-        params["ser_ids"] = [p.serializer_id for p in batch.payloads]
-        params["manifests"] = [p.manifest for p in batch.payloads]
-        params["payloads"] = [p.payload for p in batch.payloads]
+        if count <= MAX_VALUES_EVENTS:
+            for (ser_id, manifest, data), payload in zip(_VALUES_KEYS, payloads, strict=False):
+                params[ser_id] = payload.serializer_id
+                params[manifest] = payload.manifest
+                params[data] = payload.payload
+            return self.append_values[count - 2], params
+        params["ser_ids"] = [p.serializer_id for p in payloads]
+        params["manifests"] = [p.manifest for p in payloads]
+        params["payloads"] = [p.payload for p in payloads]
         return self.append, params
 
 
@@ -224,18 +270,24 @@ def appended_envelopes(
     batch: PreparedAppend, stored_at: datetime, writer_id: str
 ) -> list[EventEnvelope]:
     """The envelopes `append` returns for a stored batch."""
+    pid = batch.persistence_id
+    entity_type = batch.entity_type
+    slice_ = batch.slice
+    seq_nr = batch.expected_seq_nr
+    tags = batch.tags
+    metadata = batch.metadata
     return [
         EventEnvelope(
-            persistence_id=batch.persistence_id,
-            entity_type=batch.entity_type,
-            slice=batch.slice,
-            seq_nr=batch.expected_seq_nr + i,
+            persistence_id=pid,
+            entity_type=entity_type,
+            slice=slice_,
+            seq_nr=seq_nr + i,
             db_timestamp=stored_at,
             event=event,
             serializer_id=payload.serializer_id,
             serializer_manifest=payload.manifest,
-            tags=batch.tags,
-            metadata=batch.metadata,
+            tags=tags,
+            metadata=metadata,
             writer=writer_id,
             source="append",
         )

@@ -771,3 +771,47 @@ async def test_entity_type_and_slice_follow_the_persistence_id(journal: Journal)
     s = slice_for("Émoji|😀")
     envs = [e async for e in journal.current_events_by_slices("Émoji", s, s)]
     assert [e.event for e in envs] == [{"p": "Émoji|😀"}]
+
+
+async def test_every_batch_size_stores_the_same_rows(pg_dsn: str, journal: Journal) -> None:
+    """Batches of 1, of 2..MAX_VALUES_EVENTS (VALUES rows) and beyond (arrays) store the
+    same columns, return matching envelopes and refuse a stale `expected_seq_nr` whole."""
+    from journal.writer import MAX_VALUES_EVENTS
+
+    schema = journal.settings.schema
+    for size in range(1, MAX_VALUES_EVENTS + 3):
+        pid = f"Sizes|{size}"
+        events: list[Any] = [{"i": i} for i in range(size)]
+        events[-1] = b"raw"  # a second serializer in the same batch
+        first = await journal.append(pid, events[:1], expected_seq_nr=0)
+        appended = await journal.append(
+            pid, events, expected_seq_nr=1, tags=["t1", "t2"], metadata={"m": size}
+        )
+        assert [e.seq_nr for e in appended] == list(range(2, size + 2))
+        assert [e.event for e in appended] == events
+        assert len({e.db_timestamp for e in appended}) == 1
+        assert appended[0].db_timestamp > first[0].db_timestamp
+        assert all(e.tags == ("t1", "t2") and e.metadata == {"m": size} for e in appended)
+        with pytest.raises(ConcurrencyError):
+            await journal.append(pid, events, expected_seq_nr=1)
+        rows = await fetch(
+            pg_dsn,
+            sql.SQL(
+                "SELECT seq_nr, db_timestamp, event_ser_id, event_ser_manifest, event_payload,"
+                " tags, meta_payload FROM {} WHERE persistence_id = %s ORDER BY seq_nr"
+            ).format(table(schema)),
+            (pid,),
+        )
+        assert [r[0] for r in rows] == list(range(1, size + 2))
+        stored = rows[1:]
+        assert [r[1] for r in stored] == [e.db_timestamp for e in appended]
+        assert [r[2] for r in stored] == [e.serializer_id for e in appended]
+        assert [bytes(r[4]) for r in stored[:-1]] == [
+            json.dumps(e, separators=(",", ":")).encode() for e in events[:-1]
+        ]
+        assert bytes(stored[-1][4]) == b"raw"
+        assert all(
+            r[5] == ["t1", "t2"] and bytes(r[6]) == b'{"m":' + str(size).encode() + b"}"
+            for r in stored
+        )
+        assert [e.event for e in await read_all(journal, pid)] == [events[0], *events]
