@@ -7,11 +7,14 @@ so the runners never import the operators' module.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from psycopg import sql
 
 from journal.errors import InvalidArgument
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
 from projections.names import ALL_RANGES
@@ -81,11 +84,39 @@ class ManagementSql:
             "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
             "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
         ).format(j=t.journal_tables.journal)
-        # The backlog of a range (see projections/backlog.py): the database's now(), the
-        # oldest event newer than its slice's latest stored offset, and how many such
-        # events there are, counted up to %(cap)s. One index probe per slice for the
-        # latest offset and the oldest event; the count stops at the cap.
-        self.backlog = sql.SQL(
+        # A running projection's filter (migration 0003), in the row of key '*': a
+        # filtered instance records it at start (the row is inserted not paused if there
+        # was none), an unfiltered one clears it.
+        self.record_filter = sql.SQL(
+            "INSERT INTO {m} (projection_name, projection_key, paused, last_updated, "
+            "event_filter) VALUES (%s, {all}, false, %s, %s) "
+            "ON CONFLICT (projection_name, projection_key) "
+            "DO UPDATE SET event_filter = excluded.event_filter"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        self.clear_filter = sql.SQL(
+            "UPDATE {m} SET event_filter = NULL WHERE projection_name = %s "
+            "AND projection_key = {all} AND event_filter IS NOT NULL"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        self.recorded_filter = sql.SQL(
+            "SELECT event_filter FROM {m} WHERE projection_name = %s AND projection_key = {all}"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        self._journal = t.journal_tables.journal
+        self._offset_store = t.offset_store
+
+    def backlog(
+        self, event_filter: EventFilter | None = None
+    ) -> tuple[sql.Composed, dict[str, Any]]:
+        """The backlog of a range (see projections/backlog.py), and the filter's parameters:
+        the database's now(), the oldest event newer than its slice's latest stored
+        offset, and how many such events there are, counted up to %(cap)s — only those
+        `event_filter` lets through. One index probe per slice for the latest offset and
+        the oldest event; the count stops at the cap."""
+        condition: sql.Composable = sql.SQL("")
+        params: dict[str, Any] = {}
+        if event_filter is not None:
+            matched, params = event_filter.condition()
+            condition = sql.SQL(" AND ") + matched
+        statement = sql.SQL(
             "WITH stored AS MATERIALIZED ("
             "  SELECT s.slice, coalesce((SELECT max(timestamp_offset) FROM {o} "
             "    WHERE projection_name = %(name)s AND slice = s.slice), '-infinity') AS latest "
@@ -93,12 +124,13 @@ class ManagementSql:
             "SELECT now(), "
             " (SELECT min(w.ts) FROM stored, LATERAL (SELECT db_timestamp AS ts FROM {j} "
             "   WHERE slice = stored.slice AND entity_type = %(et)s "
-            "   AND db_timestamp > stored.latest AND NOT deleted "
+            "   AND db_timestamp > stored.latest AND NOT deleted{c} "
             "   ORDER BY db_timestamp LIMIT 1) AS w), "
             " (SELECT count(*) FROM (SELECT 1 FROM stored, LATERAL (SELECT 1 FROM {j} "
             "   WHERE slice = stored.slice AND entity_type = %(et)s "
-            "   AND db_timestamp > stored.latest AND NOT deleted) AS e LIMIT %(cap)s) AS c)"
-        ).format(o=t.offset_store, j=t.journal_tables.journal)
+            "   AND db_timestamp > stored.latest AND NOT deleted{c}) AS e LIMIT %(cap)s) AS c)"
+        ).format(o=self._offset_store, j=self._journal, c=condition)
+        return statement, params
 
     def paused_keys_of(self, name: str) -> Statement:
         """The keys ("*" or "min-max") under which `name` is paused."""
@@ -129,3 +161,33 @@ def pauses(slices: SliceRange, paused_keys: list[str]) -> bool:
         if paused.overlaps(slices):
             return True
     return False
+
+
+def filter_to_json(event_filter: EventFilter | None) -> str | None:
+    """The filter as the management table records it (None: no filter)."""
+    if event_filter is None:
+        return None
+    return json.dumps(
+        {
+            "manifests": list(event_filter.manifests),
+            "tags": list(event_filter.tags),
+            "where": event_filter.where,
+        }
+    )
+
+
+def filter_from_json(value: Any) -> EventFilter | None:
+    """A recorded filter (the JSONB column's value, decoded or text) as an `EventFilter`;
+    None for none, or for a value this version cannot read."""
+    if value is None:
+        return None
+    try:
+        doc = json.loads(value) if isinstance(value, str | bytes) else value
+        event_filter = EventFilter(
+            manifests=doc.get("manifests") or (),
+            tags=doc.get("tags") or (),
+            where=doc.get("where"),
+        )
+    except (ValueError, TypeError, AttributeError, InvalidArgument):
+        return None
+    return None if event_filter.is_empty else event_filter

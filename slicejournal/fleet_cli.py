@@ -32,10 +32,12 @@ from journal import InvalidArgument, Journal, JournalSettings, SerializerRegistr
 from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from journal.errors import JournalError
+from journal.filter import EventFilter
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.backlog import Backlog
 from projections.fleet.status import FleetStatus, LeaseStatus, NoFleet, orphan_message
+from projections.management_sql import filter_from_json
 
 _log = logging.getLogger("slicejournal.projections.fleet")
 
@@ -274,10 +276,40 @@ def backlog_cells(backlog: Backlog | None) -> tuple[str, str]:
     return f"{backlog.age_seconds:.1f}s", f"{backlog.size}{'+' if backlog.capped else ''}"
 
 
+def filter_cell(event_filter: EventFilter | None) -> str:
+    """A projection's filter as `status` prints it ("-": none)."""
+    if event_filter is None:
+        return "-"
+    parts = []
+    if event_filter.manifests:
+        parts.append("manifests=" + ",".join(event_filter.manifests))
+    if event_filter.tags:
+        parts.append("tags=" + ",".join(event_filter.tags))
+    if event_filter.where is not None:
+        parts.append(f"where={event_filter.where}")
+    return " ".join(parts)
+
+
+def filter_document(event_filter: EventFilter | None) -> dict[str, Any] | None:
+    """A projection's filter in `status --json` (null: none)."""
+    if event_filter is None:
+        return None
+    return {
+        "manifests": list(event_filter.manifests),
+        "tags": list(event_filter.tags),
+        "where": event_filter.where,
+    }
+
+
 def format_status(
-    status: FleetStatus, rates: Mapping[SliceRange, float | None] | None = None
+    status: FleetStatus,
+    rates: Mapping[SliceRange, float | None] | None = None,
+    *,
+    event_filter: EventFilter | None = None,
 ) -> str:
-    """The table `status` prints; with `rates` (`--watch`), an events/s column too."""
+    """The table `status` prints; with `rates` (`--watch`), an events/s column too;
+    `event_filter`: the one the projection's instances recorded (the backlog counts
+    only the events it lets through)."""
     head = ["range", "owner", "epoch", "backlog_age", "backlog", "paused", "resume_from",
             "restarts", "last_error"]  # fmt: skip
     if rates is not None:
@@ -300,6 +332,8 @@ def format_status(
         f"projection {status.name} (entity type {status.entity_type}): {status.instances} "
         f"ranges, {len(status.workers)} live worker(s), lease TTL {status.lease_ttl:g}s"
     ]
+    if event_filter is not None:
+        lines.append(f"filter: {filter_cell(event_filter)}")
     lines += aligned(rows)
     if status.leftovers:
         lines.append("old ranges still held: " + ", ".join(map(str, status.leftovers)))
@@ -311,10 +345,14 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def status_document(
-    status: FleetStatus, rates: Mapping[SliceRange, float | None] | None = None
+    status: FleetStatus,
+    rates: Mapping[SliceRange, float | None] | None = None,
+    *,
+    event_filter: EventFilter | None = None,
 ) -> dict[str, Any]:
     """`status --json`: the fleet as one JSON object (seconds as numbers, times ISO 8601,
-    null where not known); with `rates` (`--watch`), each range's events_per_second."""
+    null where not known); with `rates` (`--watch`), each range's events_per_second;
+    `filter`: the projection's (null: none)."""
     ranges = []
     for r in status.ranges:
         b = r.backlog
@@ -343,6 +381,7 @@ def status_document(
         "entity_type": status.entity_type,
         "instances": status.instances,
         "lease_ttl_seconds": status.lease_ttl,
+        "filter": filter_document(event_filter),
         "workers": list(status.workers),
         "converged": status.converged,
         "orphaned": [r.slice_range.key for r in status.orphaned],
@@ -364,17 +403,27 @@ def events_per_second(before: Backlog, after: Backlog, appended: int) -> float |
 
 
 async def _appended_between(
-    journal: Journal, entity_type: str, r: SliceRange, since: datetime, until: datetime
+    journal: Journal,
+    entity_type: str,
+    r: SliceRange,
+    since: datetime,
+    until: datetime,
+    event_filter: EventFilter | None = None,
 ) -> int:
     """Events of the range stored with since < db_timestamp <= until (index probes per
-    slice, as the backlog's reading)."""
+    slice, as the backlog's reading); with `event_filter`, those it lets through."""
+    condition: sql.Composable = sql.SQL("")
+    filter_params: dict[str, Any] = {}
+    if event_filter is not None:
+        matched, filter_params = event_filter.condition()
+        condition = sql.SQL(" AND ") + matched
     query = sql.SQL(
         "SELECT count(*) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
         "LATERAL (SELECT 1 FROM {j} WHERE slice = s.slice AND entity_type = %(et)s "
-        "AND db_timestamp > %(since)s AND db_timestamp <= %(until)s AND NOT deleted) AS e"
-    ).format(j=journal.tables.journal)
+        "AND db_timestamp > %(since)s AND db_timestamp <= %(until)s AND NOT deleted{c}) AS e"
+    ).format(j=journal.tables.journal, c=condition)
     params = {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type, "since": since,
-              "until": until}  # fmt: skip
+              "until": until, **filter_params}  # fmt: skip
     async with journal.pool.connection() as conn:
         cur = await conn.execute(query, params)
         row = await cur.fetchone()
@@ -382,7 +431,10 @@ async def _appended_between(
 
 
 async def _rates(
-    journal: Journal, before: FleetStatus, after: FleetStatus
+    journal: Journal,
+    before: FleetStatus,
+    after: FleetStatus,
+    event_filter: EventFilter | None = None,
 ) -> dict[SliceRange, float | None]:
     """events/s per range of `after` since `before` (None for a range new since then)."""
     earlier = {r.slice_range: r.backlog for r in before.ranges}
@@ -393,19 +445,25 @@ async def _rates(
             rates[r.slice_range] = None
             continue
         appended = await _appended_between(
-            journal, after.entity_type, r.slice_range, b0.measured_at, b1.measured_at
-        )
+            journal, after.entity_type, r.slice_range, b0.measured_at, b1.measured_at,
+            event_filter,
+        )  # fmt: skip
         rates[r.slice_range] = events_per_second(b0, b1, appended)
     return rates
 
 
-def _show(status: FleetStatus, args: argparse.Namespace, rates: Any = None) -> None:
+def _show(
+    status: FleetStatus,
+    args: argparse.Namespace,
+    rates: Any = None,
+    event_filter: EventFilter | None = None,
+) -> None:
     if args.json:
-        print(json.dumps(status_document(status, rates)), flush=True)
+        print(json.dumps(status_document(status, rates, event_filter=event_filter)), flush=True)
         return
     if args.watch and sys.stdout.isatty():
         print("\x1b[H\x1b[2J", end="")  # a refreshing screen, as top's
-    print(format_status(status, rates), flush=True)
+    print(format_status(status, rates, event_filter=event_filter), flush=True)
     if args.watch:
         print(flush=True)
 
@@ -426,7 +484,9 @@ SELECT n.projection_name, f.instances, coalesce(f.entity_type, g.entity_type),
   (SELECT count(*) FROM {d} AS d WHERE d.projection_name = n.projection_name),
   coalesce(g.retired, false),
   (SELECT array_agg(DISTINCT split_part(o.persistence_id, '|', 1)) FROM {o} AS o
-     WHERE o.projection_name = n.projection_name AND o.persistence_id <> %(progress_pid)s)
+     WHERE o.projection_name = n.projection_name AND o.persistence_id <> %(progress_pid)s),
+  (SELECT m.event_filter FROM {m} AS m
+     WHERE m.projection_name = n.projection_name AND m.projection_key = '*')
 FROM names AS n
 LEFT JOIN {f} AS f USING (projection_name)
 LEFT JOIN {r} AS g USING (projection_name)
@@ -447,6 +507,7 @@ class Overview:
     latest_offset: datetime | None
     dead_letters: int
     retired: bool
+    event_filter: EventFilter | None = None  # the one its instances recorded
 
     @property
     def kind(self) -> str:
@@ -486,8 +547,9 @@ async def overview(journal: Journal, name: str | None = None) -> list[Overview]:
             latest,
             int(dead),
             bool(retired),
+            filter_from_json(event_filter),
         )
-        for n, inst, et, workers, paused, latest, dead, retired, seen in rows
+        for n, inst, et, workers, paused, latest, dead, retired, seen, event_filter in rows
     ]
 
 
@@ -512,7 +574,7 @@ def format_overview(rows: Sequence[Overview]) -> str:
         return "no projections: none has stored an offset, been paused, registered or run"
     table: list[tuple[str, ...]] = [
         ("name", "kind", "entity_type", "instances", "workers", "latest_offset", "paused",
-         "dead_letters")
+         "dead_letters", "filter")
     ]  # fmt: skip
     for o in rows:
         kind = o.kind + (" (retired)" if o.retired else "")
@@ -521,7 +583,8 @@ def format_overview(rows: Sequence[Overview]) -> str:
         )
         instances = "-" if o.instances is None else str(o.instances)
         table.append((o.name, kind, _entity_cell(o), instances, str(o.live_workers), latest,
-                      _paused_cell(o), str(o.dead_letters)))  # fmt: skip
+                      _paused_cell(o), str(o.dead_letters),
+                      filter_cell(o.event_filter)))  # fmt: skip
     return "\n".join(aligned(table))
 
 
@@ -538,6 +601,7 @@ def overview_document(o: Overview) -> dict[str, Any]:
         "latest_offset": _iso(o.latest_offset),
         "dead_letters": o.dead_letters,
         "retired": o.retired,
+        "filter": filter_document(o.event_filter),
     }
 
 
@@ -583,10 +647,17 @@ def format_in_process(doc: Mapping[str, Any]) -> str:
         "no" if not paused else ("yes" if ALL_PAUSED in paused else "ranges " + ",".join(paused))
     )
     lines.append(f"  paused:        {shown}")
+    lines.append(f"  filter:        {_filter_line(doc['filter'])}")
     letters = doc["dead_letters"]
     tail = f" (slicejournal dead-letters {doc['projection']})" if letters else ""
     lines.append(f"  dead letters:  {letters}{tail}")
     return "\n".join(lines)
+
+
+def _filter_line(document: Mapping[str, Any] | None) -> str:
+    if document is None:
+        return "-"
+    return filter_cell(filter_from_json(document))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -602,12 +673,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             doc = await in_process_status(journal, o)
             print(json.dumps(doc) if args.json else format_in_process(doc), flush=True)
             return 0
-        _show(status, args, {} if args.watch else None)
+        event_filter = await ProjectionManagement(journal).event_filter(args.name)
+        _show(status, args, {} if args.watch else None, event_filter)
         refreshes = 1
         while args.watch and (args.count is None or refreshes < args.count):
             await asyncio.sleep(args.interval)
             previous, status = status, await control.status(args.name)
-            _show(status, args, await _rates(journal, previous, status))
+            _show(status, args, await _rates(journal, previous, status, event_filter), event_filter)
             refreshes += 1
         problem = orphan_message(status)
         if problem is not None:

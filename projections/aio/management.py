@@ -18,9 +18,10 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from journal.aio.journal import Journal
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
-from projections.aio.offset_dao import OffsetDao, range_is_paused, read_backlog
+from projections.aio.offset_dao import OffsetDao, range_is_paused, read_backlog, recorded_filter
 from projections.aio.wait import wait_until_handled
 from projections.backlog import Backlog
 from projections.errors import UnknownProjection
@@ -104,6 +105,9 @@ class ProjectionManagement:
     ) -> list[RangeStatus]:
         """Latest stored offset, journal head, backlog and paused state per slice range.
 
+        The backlog counts only the events the projection's filter lets through (the
+        one its running instances recorded, `event_filter`).
+
         Raises `UnknownProjection` if no projection of that name has stored an
         offset, been paused or resumed, or dead-lettered an envelope: a typo in
         the name is reported, not shown as a projection that never ran.
@@ -114,6 +118,7 @@ class ProjectionManagement:
         out = []
         async with self._journal.pool.connection() as conn:
             await self._require_known(conn, name)
+            event_filter = await recorded_filter(conn, self._sql, name)
             for r in rs:
                 cur = await conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
                 latest, earliest, slices_with_rows = await cur.fetchone() or (None, None, 0)
@@ -123,20 +128,34 @@ class ProjectionManagement:
                 )
                 head = (await cur.fetchone() or (None,))[0]
                 paused = await range_is_paused(conn, self._sql, name, r)
-                backlog = await read_backlog(conn, self._sql, name, entity_type, r)
+                backlog = await read_backlog(
+                    conn, self._sql, name, entity_type, r, event_filter=event_filter
+                )
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
     @translate_projection_errors
     async def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
-        long the oldest has waited (0 when caught up, however quiet the journal)."""
+        long the oldest has waited (0 when caught up, however quiet the journal). Only
+        the events its filter lets through count (see `event_filter`)."""
         validate_name(name)
         validate_entity_type(entity_type)
         async with self._journal.pool.connection() as conn:
+            event_filter = await recorded_filter(conn, self._sql, name)
             return await read_backlog(
-                conn, self._sql, name, entity_type, SliceRange.check(slice_range)
-            )
+                conn, self._sql, name, entity_type, SliceRange.check(slice_range),
+                event_filter=event_filter,
+            )  # fmt: skip
+
+    @translate_projection_errors
+    async def event_filter(self, name: str) -> EventFilter | None:
+        """The `EventFilter` the projection's running instances recorded when they started
+        (None: they run without one). Instances started with different filters (a
+        rolling change) leave the one of the last to start; `status` and `backlog` use it."""
+        validate_name(name)
+        async with self._journal.pool.connection() as conn:
+            return await recorded_filter(conn, self._sql, name)
 
     @translate_projection_errors
     async def wait_for(

@@ -62,6 +62,7 @@ from projections.aio.offset_dao import (
     insert_dead_letters,
     range_is_paused,
     read_backlog,
+    record_filter,
 )
 from projections.aio.replay import DeadLetterReplayer
 from projections.core import (
@@ -327,6 +328,8 @@ class Projection:
                 return self.stats
             async with self.journal.pool.connection() as conn:
                 records = await self._dao.load(conn, self.slice_range)
+                # Where `status` and management's backlog find the filter (None: cleared).
+                await record_filter(conn, self._management, self.name, self.filter)
             start = self._core.start(records)
             journal = self.journal
             self._commits = Notifier(
@@ -423,8 +426,9 @@ class Projection:
             try:
                 async with self.journal.pool.connection() as conn:
                     backlog = await read_backlog(
-                        conn, self._management, self.name, self.entity_type, self.slice_range
-                    )
+                        conn, self._management, self.name, self.entity_type, self.slice_range,
+                        event_filter=self.filter,
+                    )  # fmt: skip
                 tel.backlog_sampled(backlog)
             except CancelledError:
                 raise

@@ -19,6 +19,7 @@ from typing import Any
 
 from psycopg import Connection
 
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.slices import SliceRange, slice_ranges, validate_entity_type
 from journal.sync.journal import SyncJournal
@@ -35,7 +36,7 @@ from projections.management import (
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
 from projections.settings import ProjectionTableNames
-from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog
+from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog, recorded_filter
 from projections.sync.wait import wait_until_handled
 from projections.tables import projection_tables, translate_projection_errors
 from projections.wait import check_targets, check_timeout
@@ -106,6 +107,9 @@ class SyncProjectionManagement:
     ) -> list[RangeStatus]:
         """Latest stored offset, journal head, backlog and paused state per slice range.
 
+        The backlog counts only the events the projection's filter lets through (the
+        one its running instances recorded, `event_filter`).
+
         Raises `UnknownProjection` if no projection of that name has stored an
         offset, been paused or resumed, or dead-lettered an envelope: a typo in
         the name is reported, not shown as a projection that never ran.
@@ -116,6 +120,7 @@ class SyncProjectionManagement:
         out = []
         with self._journal.pool.connection() as conn:
             self._require_known(conn, name)
+            event_filter = recorded_filter(conn, self._sql, name)
             for r in rs:
                 cur = conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
                 latest, earliest, slices_with_rows = cur.fetchone() or (None, None, 0)
@@ -125,18 +130,34 @@ class SyncProjectionManagement:
                 )
                 head = (cur.fetchone() or (None,))[0]
                 paused = range_is_paused(conn, self._sql, name, r)
-                backlog = read_backlog(conn, self._sql, name, entity_type, r)
+                backlog = read_backlog(
+                    conn, self._sql, name, entity_type, r, event_filter=event_filter
+                )
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
     @translate_projection_errors
     def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
-        long the oldest has waited (0 when caught up, however quiet the journal)."""
+        long the oldest has waited (0 when caught up, however quiet the journal). Only
+        the events its filter lets through count (see `event_filter`)."""
         validate_name(name)
         validate_entity_type(entity_type)
         with self._journal.pool.connection() as conn:
-            return read_backlog(conn, self._sql, name, entity_type, SliceRange.check(slice_range))
+            event_filter = recorded_filter(conn, self._sql, name)
+            return read_backlog(
+                conn, self._sql, name, entity_type, SliceRange.check(slice_range),
+                event_filter=event_filter,
+            )  # fmt: skip
+
+    @translate_projection_errors
+    def event_filter(self, name: str) -> EventFilter | None:
+        """The `EventFilter` the projection's running instances recorded when they started
+        (None: they run without one). Instances started with different filters (a
+        rolling change) leave the one of the last to start; `status` and `backlog` use it."""
+        validate_name(name)
+        with self._journal.pool.connection() as conn:
+            return recorded_filter(conn, self._sql, name)
 
     @translate_projection_errors
     def wait_for(

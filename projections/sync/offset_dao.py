@@ -12,17 +12,24 @@ the operators' module.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import Connection, RawCursor
 
+from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
 from projections.backlog import DEFAULT_SIZE_CAP, Backlog, measure
 from projections.fencing import Fence
-from projections.management_sql import ManagementSql, pauses
+from projections.management_sql import (
+    ManagementSql,
+    filter_from_json,
+    filter_to_json,
+    pauses,
+)
 from projections.offset_sql import OffsetSql, Statement, records_of
 from projections.offset_store import Record
 from projections.tables import ProjectionTables
@@ -110,11 +117,38 @@ def read_backlog(
     entity_type: str,
     slices: SliceRange,
     cap: int = DEFAULT_SIZE_CAP,
+    event_filter: EventFilter | None = None,
 ) -> Backlog:
-    """The range's backlog (projections/backlog.py): one statement, measured by `measure`."""
-    params = {"name": name, "et": entity_type, "lo": slices.min_slice, "hi": slices.max_slice,
-              "cap": cap}  # fmt: skip
-    cur = conn.execute(statements.backlog, params)
+    """The range's backlog (projections/backlog.py): one statement, measured by `measure`;
+    with `event_filter`, only the events it lets through count."""
+    statement, params = statements.backlog(event_filter)
+    params |= {"name": name, "et": entity_type, "lo": slices.min_slice,
+               "hi": slices.max_slice, "cap": cap}  # fmt: skip
+    cur = conn.execute(statement, params)
     now, oldest, unhandled = cur.fetchone() or (None, None, 0)
     assert now is not None
     return measure(now, oldest, int(unhandled), cap)
+
+
+def record_filter(
+    conn: Connection[Any],
+    statements: ManagementSql,
+    name: str,
+    event_filter: EventFilter | None,
+) -> None:
+    """Record the filter a running instance of `name` applies (None: clear it), for
+    `status` and the backlog read by management."""
+    if event_filter is None:
+        conn.execute(statements.clear_filter, (name,))
+    else:
+        millis = int(time.time() * 1000)
+        conn.execute(statements.record_filter, (name, millis, filter_to_json(event_filter)))
+
+
+def recorded_filter(
+    conn: Connection[Any], statements: ManagementSql, name: str
+) -> EventFilter | None:
+    """The filter the running instances of `name` recorded (None: none)."""
+    cur = conn.execute(statements.recorded_filter, (name,))
+    row = cur.fetchone()
+    return None if row is None else filter_from_json(row[0])

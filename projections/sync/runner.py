@@ -83,6 +83,7 @@ from projections.sync.offset_dao import (
     insert_dead_letters,
     range_is_paused,
     read_backlog,
+    record_filter,
 )
 from projections.sync.replay import DeadLetterReplayer
 from projections.tables import ProjectionTables
@@ -327,6 +328,8 @@ class SyncProjection:
                 return self.stats
             with self.journal.pool.connection() as conn:
                 records = self._dao.load(conn, self.slice_range)
+                # Where `status` and management's backlog find the filter (None: cleared).
+                record_filter(conn, self._management, self.name, self.filter)
             start = self._core.start(records)
             journal = self.journal
             self._commits = Notifier(
@@ -423,8 +426,9 @@ class SyncProjection:
             try:
                 with self.journal.pool.connection() as conn:
                     backlog = read_backlog(
-                        conn, self._management, self.name, self.entity_type, self.slice_range
-                    )
+                        conn, self._management, self.name, self.entity_type, self.slice_range,
+                        event_filter=self.filter,
+                    )  # fmt: skip
                 tel.backlog_sampled(backlog)
             except CancelledError:
                 raise
