@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from journal.model import EventEnvelope
+from journal.model import FILTERED, FILTERED_MANIFEST, FILTERED_SER_ID, EventEnvelope
 from journal.rows import PAYLOAD_COLUMN, decode_payloads, tombstone_envelope
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
 
@@ -89,7 +89,8 @@ def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
 
 def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[EventEnvelope]:
     """The envelopes of a batch read by this source, payloads decoded by `registry`
-    (an undecodable one carries the same `DeserializationError` as on every read path)."""
+    (an undecodable one carries the same `DeserializationError` as on every read path).
+    A row the source's filter left out (`filteredEnvelopes`) is a `FILTERED` envelope."""
     cols = batch.to_pydict()
     for i in range(batch.num_rows):
         pid = cols["persistence_id"][i]
@@ -102,6 +103,13 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
             continue
         ser_id = cols["ser_id"][i]
         manifest = cols["ser_manifest"][i] or ""
+        if ser_id == FILTERED_SER_ID and manifest == FILTERED_MANIFEST:
+            yield EventEnvelope(
+                pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
+                FILTERED, None, FILTERED_MANIFEST, (), None, cols["writer"][i] or "", None,
+                "query",
+            )  # fmt: skip
+            continue
         text = cols["event"][i]
         payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
         meta = cols["metadata"][i]

@@ -26,12 +26,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from journal.connection import schema_errors
 from journal.errors import InvalidArgument
+from journal.filter import EventFilter, check_filter
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.management import check_timestamp
+from projections.management_sql import ManagementSql
 from projections.names import check_instance, validate_name
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings, ProjectionTableNames
@@ -42,12 +44,17 @@ from projections.spark.leases import (
     SparkLeases,
     spark_owner,
 )
-from projections.spark.options import DEFAULT_PARTITIONS, backtracking_window, parse_options
+from projections.spark.options import (
+    DEFAULT_PARTITIONS,
+    backtracking_window,
+    filter_options,
+    parse_options,
+)
 from projections.spark.session import is_connect_session, is_spark_session, register
 from projections.spark.sink import PartitionApplier
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
-from projections.sync.offset_dao import OffsetDao
+from projections.sync.offset_dao import OffsetDao, record_filter
 from projections.sync.runner import SyncGroupedHandler
 from projections.tables import projection_tables
 from projections.telemetry import NO_TELEMETRY, Telemetry, telemetry_for_runner
@@ -85,6 +92,7 @@ def _source_options(
     entity_type: str,
     slice_range: SliceRange,
     num_partitions: int,
+    event_filter: EventFilter | None = None,
     **extra: object,
 ) -> dict[str, str]:
     options = {
@@ -100,6 +108,9 @@ def _source_options(
         "backtrackingWindow": str(backtracking_window(settings).total_seconds()),
     }
     options |= {k: str(v) for k, v in extra.items() if v is not None}
+    if event_filter is not None:
+        # Filtered-out rows come as keys: the sink stores their offsets, no gap is seen.
+        options |= filter_options(event_filter) | {"filteredEnvelopes": "true"}
     parse_options(options)  # a bad value fails here, before any lease is taken
     return options
 
@@ -182,6 +193,7 @@ def project(
     serializers: Callable[[], SerializerRegistry] | None = None,
     query_name: str | None = None,
     telemetry: Telemetry | None = None,
+    filter: EventFilter | None = None,
 ) -> StreamingQuery:
     """Run projection `name` on Spark, exactly once, and return the running `StreamingQuery`.
 
@@ -200,26 +212,33 @@ def project(
     micro-batch and, if it samples them, each partition range's backlog, from
     the driver (runner "spark"; see `projections/spark/telemetry.py`).
 
+    `filter`: an `EventFilter`, as for in-process projections: PostgreSQL
+    evaluates it in the partition reads, the events it leaves out reach the
+    sink as keys only, whose offsets are stored without calling the handler
+    (gap fills apply it too). It is recorded for `status` and the backlog.
+
     Raises `ProjectionBusy` if fleet workers (or another Spark job) still hold
     slices of the range after `lease_wait`; the leases are released when the
     query ends.
     """
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
+    event_filter = check_filter(filter)
     trigger = _check_trigger(trigger)
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise InvalidArgument("checkpoint_location must be a non-empty path")
     settings = settings or JournalSettings()
     ranges = slice_range.split(num_partitions)
     applier = _applier(
-        dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers
-    )
+        dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers,
+        event_filter=event_filter,
+    )  # fmt: skip
     chosen = applier.projection_settings
     names = chosen.tables
     start = store_start(
         dsn, settings, name, slice_range, tables=names, time_window=chosen.time_window
     )
     options = _source_options(
-        dsn, settings, entity_type, slice_range, num_partitions,
+        dsn, settings, entity_type, slice_range, num_partitions, event_filter,
         maxEventsPerTrigger=max_events_per_trigger,
         startingTimestamp=None if start is None else start.isoformat(),
     )  # fmt: skip
@@ -234,6 +253,8 @@ def project(
     applier = attrs.evolve(applier, fences=leases.acquire(lease_wait))
 
     try:
+        with open_connection(dsn, settings) as conn, schema_errors(leases.tables):
+            record_filter(conn, ManagementSql(leases.tables), name, event_filter)
         stream = spark.readStream.format("slicejournal").options(**options).load()
         writer = (
             stream.writeStream.format(_writer_format(spark, applier))
@@ -258,7 +279,7 @@ def project(
             slice_range=slice_range, ranges=tuple(ranges),
             backlog_interval=chosen.backlog_sample_interval.total_seconds(),
             holder=owner, epochs=tuple(f.epoch for f in applier.fences), released=leases.join,
-            tables=names,
+            tables=names, event_filter=event_filter,
         ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query
@@ -307,6 +328,7 @@ def rebuild(
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
     lease_wait: timedelta = DEFAULT_LEASE_WAIT,
     serializers: Callable[[], SerializerRegistry] | None = None,
+    filter: EventFilter | None = None,
 ) -> RebuildResult:
     """Rebuild read model `tables` from the journal on Spark, then swap them in atomically.
 
@@ -319,9 +341,11 @@ def rebuild(
     projection must not be running meanwhile (`ProjectionBusy` otherwise).
     Rows of `tables` are replaced: passing them is the permission to do so.
     (`tables` are the read model's; the projections' own tables are named by
-    `projection_settings.tables`, as for `project`.)
+    `projection_settings.tables`, as for `project`.) `filter`: the projection's
+    `EventFilter`, as for `project` (the handler sees only what it lets through).
     """
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
+    event_filter = check_filter(filter)
     if isinstance(tables, str) or not tables or not all(isinstance(t, str) for t in tables):
         raise InvalidArgument("tables must be a non-empty list of table names")
     settings = settings or JournalSettings()
@@ -335,13 +359,14 @@ def rebuild(
             up_to = row[0]
     up_to = check_timestamp(up_to)
     options = _source_options(
-        dsn, settings, entity_type, slice_range, num_partitions, toTimestamp=up_to.isoformat()
-    )
+        dsn, settings, entity_type, slice_range, num_partitions, event_filter,
+        toTimestamp=up_to.isoformat(),
+    )  # fmt: skip
     stage_name = f"{name} (rebuild staging)"
     validate_name(stage_name)
     applier = _applier(
         dsn, settings, stage_name, entity_type, ranges, handler, projection_settings,
-        serializers, search_path=staging, transaction_per_batch=True,
+        serializers, search_path=staging, transaction_per_batch=True, event_filter=event_filter,
     )  # fmt: skip
     register(spark)
     leases = SparkLeases(

@@ -10,12 +10,14 @@ executors') works from the same checked values. Pure: no Spark, no psycopg.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 import attrs
 
 from journal.errors import InvalidArgument
+from journal.filter import EventFilter
 from journal.settings import JournalSettings, QuerySettings
 from journal.slices import SliceRange, validate_entity_type
 
@@ -52,6 +54,10 @@ OPTIONS = (
     "startingTimestamp",
     "batchRows",
     "ordered",
+    "manifests",
+    "tags",
+    "where",
+    "filteredEnvelopes",
 )
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
 
@@ -77,6 +83,11 @@ class SourceOptions:
     starting_timestamp: datetime | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
     ordered: bool = True
+    # `manifests` / `tags` / `where`: the rows read (None: every row). With
+    # `filteredEnvelopes`, a row it leaves out is read as its key only (what `project`
+    # reads: its offset store needs every seq_nr); without, it is not read at all.
+    event_filter: EventFilter | None = None
+    filtered_envelopes: bool = False
 
     def partition_ranges(self) -> list[SliceRange]:
         """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
@@ -138,7 +149,56 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         starting_timestamp=_timestamp(raw, "startingTimestamp"),
         batch_rows=_int(raw, "batchRows", DEFAULT_BATCH_ROWS),
         ordered=_bool(raw, "ordered", True),
+        event_filter=_event_filter(raw),
+        filtered_envelopes=_bool(raw, "filteredEnvelopes", False),
     )
+
+
+def _event_filter(raw: Mapping[str, str]) -> EventFilter | None:
+    """The `EventFilter` of options `manifests`, `tags` (each a JSON list of strings, or
+    comma-separated) and `where` (a SQL expression); None if none is given."""
+    try:
+        event_filter = EventFilter(
+            manifests=_names(raw, "manifests"),
+            tags=_names(raw, "tags"),
+            where=raw["where"] if raw.get("where", "").strip() else None,
+        )
+    except InvalidArgument as error:
+        raise SourceOptionError(f"slicejournal source: {error}") from None
+    return None if event_filter.is_empty else event_filter
+
+
+def _names(raw: Mapping[str, str], name: str) -> tuple[str, ...]:
+    text = raw.get(name, "").strip()
+    if not text:
+        return ()
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise SourceOptionError(
+                f"slicejournal source: option {name!r} must be a JSON list of non-empty "
+                f"strings or comma-separated names, got {text!r}"
+            )
+        return tuple(value)
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def filter_options(event_filter: EventFilter | None) -> dict[str, str]:
+    """The source options that carry `event_filter` (none for None): the lists as JSON,
+    so a name with a comma survives."""
+    if event_filter is None:
+        return {}
+    options = {}
+    if event_filter.manifests:
+        options["manifests"] = json.dumps(list(event_filter.manifests))
+    if event_filter.tags:
+        options["tags"] = json.dumps(list(event_filter.tags))
+    if event_filter.where is not None:
+        options["where"] = event_filter.where
+    return options
 
 
 def _int(raw: Mapping[str, str], name: str, default: int) -> int:

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
+from journal.filter import EventFilter
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
@@ -66,7 +67,9 @@ class PartitionApplier:
     `offset_name` is the projection name the offset rows are stored under (a
     rebuild stores under a staging name); `fences` holds one lease per
     partition range; `search_path` (a rebuild's staging schema) is put in
-    front of the session's for the handler.
+    front of the session's for the handler; `event_filter` is the projection's
+    (the source reads the events it leaves out as keys, `filteredEnvelopes`): their
+    offsets are stored, the handler never sees them, gap fills apply it too.
     """
 
     dsn: str
@@ -80,6 +83,7 @@ class PartitionApplier:
     registry: Callable[[], SerializerRegistry] = _default_registry
     search_path: str | None = None
     transaction_per_batch: bool = False
+    event_filter: EventFilter | None = None
 
     def range_of(self, batch: pa.RecordBatch) -> SliceRange:
         """The partition range every row of `batch` belongs to (one Spark partition is one
@@ -150,8 +154,9 @@ class _PartitionRun:
         self.core.start(self.dao.load(conn, self.range))
         # The core's reads run on this partition's connection, inside its transaction.
         self.reads = CoreReads(
-            self.tables.journal_tables, self.registry, conn=conn, offsets=self.dao.sql
-        )
+            self.tables.journal_tables, self.registry, conn=conn, offsets=self.dao.sql,
+            event_filter=self.applier.event_filter,
+        )  # fmt: skip
 
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
         """Everything of `batches` in one transaction: handler writes, offset rows, markers."""
@@ -204,7 +209,9 @@ class _PartitionRun:
         while (action := self.reads.drive(core, action)) is not None:
             if isinstance(action, Commit) and action.envelopes:
                 check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
-                self.applier.handler(conn, list(action.envelopes))
+                wanted = [e for e in action.envelopes if not e.filtered]
+                if wanted:  # a filtered-out event: its offset only
+                    self.applier.handler(conn, wanted)
             elif not isinstance(action, Commit | SaveOffsets):  # Handle: never from grouped
                 raise ProjectionError(f"unexpected {action!r}")
             self.dao.save(conn, self.key, action.records, self.fence)

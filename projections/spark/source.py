@@ -118,13 +118,15 @@ class PlanningConnection:
 
 @attrs.frozen
 class Narrowing:
-    """What pushed filters add to the options: a smaller range, tighter times, given ids."""
+    """What pushed filters add to the options: a smaller range, tighter times, given ids,
+    given serializer manifests (None: any)."""
 
     slice_range: SliceRange
     from_timestamp: datetime | None
     to_timestamp: datetime | None
     persistence_ids: tuple[str, ...] = ()
     empty: bool = False
+    manifests: tuple[str, ...] | None = None
 
 
 def narrow(options: SourceOptions, filters: Sequence[Filter]) -> tuple[Narrowing, list[Filter]]:
@@ -132,10 +134,13 @@ def narrow(options: SourceOptions, filters: Sequence[Filter]) -> tuple[Narrowing
 
     Timestamp comparisons are kept by Spark as well (it re-checks them cheaply):
     `>` / `<` are applied here as inclusive bounds, which only ever admit more.
+    `ser_manifest` equality (`=`, `IN`) is evaluated on the stored manifest, except with
+    `filteredEnvelopes` (keys read as `slicejournal.filtered`): Spark evaluates it then.
     """
     lo, hi = options.slice_range.min_slice, options.slice_range.max_slice
     from_ts, to_ts = options.from_timestamp, options.to_timestamp
     pids: set[str] | None = None
+    manifests: set[str] | None = None
     empty = False
     rest: list[Filter] = []
     for f in filters:
@@ -166,13 +171,25 @@ def narrow(options: SourceOptions, filters: Sequence[Filter]) -> tuple[Narrowing
                 rest.append(f)
                 continue
             pids = given if pids is None else pids & given
+        elif (
+            column == "ser_manifest"
+            and isinstance(f, EqualTo | In)
+            and not options.filtered_envelopes
+        ):
+            values = [value] if isinstance(f, EqualTo) else list(f.value)
+            named = {m for m in values if isinstance(m, str)}
+            if len(named) != len(set(values)):
+                rest.append(f)
+                continue
+            manifests = named if manifests is None else manifests & named
         else:
             rest.append(f)
-    empty |= lo > hi or pids == set()
+    empty |= lo > hi or pids == set() or manifests == set()
     if from_ts is not None and to_ts is not None and from_ts > to_ts:
         empty = True
     r = options.slice_range if empty else SliceRange(lo, hi)
-    narrowed = Narrowing(r, from_ts, to_ts, tuple(sorted(pids or ())), empty)
+    chosen = None if manifests is None else tuple(sorted(manifests))
+    narrowed = Narrowing(r, from_ts, to_ts, tuple(sorted(pids or ())), empty, chosen)
     return narrowed, rest
 
 
@@ -191,7 +208,13 @@ class BatchReader(DataSourceReader):
         return [
             SlicePartition(
                 ReadPlan(
-                    options, r, n.from_timestamp, None, n.to_timestamp, n.persistence_ids, n.empty
+                    options,
+                    r,
+                    n.from_timestamp,
+                    to_inclusive=n.to_timestamp,
+                    persistence_ids=n.persistence_ids,
+                    empty=n.empty,
+                    manifests=n.manifests,
                 )
             )
             for r in options.partition_ranges()

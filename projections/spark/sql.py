@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from journal.query.sql import SLICE_RANGE, delivered_rows, time_bounds
+from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID
+from journal.query.sql import SLICE_RANGE, delivered_rows, filter_matches, time_bounds
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import SliceRange
 from journal.tables import Tables
@@ -33,6 +34,29 @@ PARTITION_COLUMNS = sql.SQL(
     "event_payload, deleted"
 ).format(json=sql.Literal(JSON_SERIALIZER_ID))
 
+# The same with an `EventFilter`'s condition `m` (tombstones included): a row it does not
+# hold for is read as its key only, as `journal.query.sql.envelope_columns` selects it —
+# the filtered sentinel's serializer id and manifest, no tags, metadata or payload.
+_KEYS_OF_FILTERED = (
+    "persistence_id, slice, seq_nr, db_timestamp, writer, CASE WHEN {m} THEN tags END AS tags, "
+    "CASE WHEN {m} THEN event_ser_id ELSE {ser_id} END AS event_ser_id, "
+    "CASE WHEN {m} THEN event_ser_manifest ELSE {manifest} END AS event_ser_manifest, "
+    "CASE WHEN {m} AND meta_ser_id = {json} THEN meta_payload END AS meta_json, "
+    "CASE WHEN {m} THEN event_payload END AS event_payload, deleted"
+)
+
+
+def partition_columns(matched: sql.Composable | None) -> sql.Composable:
+    """`PARTITION_COLUMNS`, or with `matched` the filtered rows as keys only."""
+    if matched is None:
+        return PARTITION_COLUMNS
+    return sql.SQL(_KEYS_OF_FILTERED).format(
+        m=matched,
+        ser_id=sql.Literal(FILTERED_SER_ID),
+        manifest=sql.Literal(FILTERED_MANIFEST),
+        json=sql.Literal(JSON_SERIALIZER_ID),
+    )
+
 
 @attrs.frozen
 class ReadPlan:
@@ -40,7 +64,8 @@ class ReadPlan:
 
     `until_exclusive` bounds stream batches, `to_inclusive` batch reads
     (`toTimestamp`); `persistence_ids` and the narrowed range come from pushed
-    filters; `empty` means the pushed filters admit no row at all.
+    filters; `empty` means the pushed filters admit no row at all; `manifests` (pushed
+    `ser_manifest` filters) are the serializer manifests the rows may have (None: any).
     """
 
     options: SourceOptions
@@ -50,6 +75,7 @@ class ReadPlan:
     to_inclusive: datetime | None = None
     persistence_ids: tuple[str, ...] = ()
     empty: bool = False
+    manifests: tuple[str, ...] | None = None
 
 
 def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
@@ -60,7 +86,10 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     """The partition's rows — not deleted, but with `delete_all`'s tombstones, as every
     reader of events delivers them — ordered by (db_timestamp, seq_nr) — so each
     persistence id's events come in seq_nr order — unless the options say `ordered`
-    false (a batch read that does not need it skips the server's sort)."""
+    false (a batch read that does not need it skips the server's sort).
+
+    With the options' `EventFilter`, a row it leaves out is not read, or read as its
+    key only (`filteredEnvelopes`: a projection's offset store needs every seq_nr)."""
     bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
     delivered, delivered_params = delivered_rows()
     where: list[sql.Composable] = [SLICE_RANGE, delivered, *bounds]
@@ -68,8 +97,16 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     if plan.persistence_ids:
         where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
         params["pids"] = list(plan.persistence_ids)
+    if plan.manifests is not None:
+        where.append(sql.SQL("event_ser_manifest = ANY(%(pushed_manifests)s::text[])"))
+        params["pushed_manifests"] = list(plan.manifests)
+    matched, filter_params = filter_matches(plan.options.event_filter)
+    params |= filter_params
+    if matched is not None and not plan.options.filtered_envelopes:
+        where.append(matched)
+        matched = None
     statement = sql.SQL("SELECT {columns} FROM {journal} WHERE {where}{order}").format(
-        columns=PARTITION_COLUMNS,
+        columns=partition_columns(matched),
         journal=Tables(plan.options.settings).journal,
         where=sql.SQL(" AND ").join(where),
         order=sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else ""),

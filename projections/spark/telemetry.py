@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from journal.filter import EventFilter
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
@@ -69,12 +70,14 @@ class SparkQueryTelemetry:
         epochs: tuple[int, ...] = (),
         released: Callable[[float], None] | None = None,
         tables: ProjectionTableNames | None = None,
+        event_filter: EventFilter | None = None,
     ) -> None:
         """`holder`: the lease owner (`spark:<query id>`), reported with the `epochs` of
         the `ranges`' leases as claimed when watching starts and released when it ends.
         `released(timeout)` waits until the leases are given back, so the report never
         runs ahead of the lease table (`status` read after it shows the ranges free).
-        `tables`: the names of the projections' tables, if not the defaults."""
+        `tables`: the names of the projections' tables, if not the defaults;
+        `event_filter`: the projection's (the backlog counts what it lets through)."""
         self.name = name
         self._telemetry = telemetry
         self._holder = holder
@@ -87,6 +90,7 @@ class SparkQueryTelemetry:
         self._settings = settings
         self._statements = ManagementSql(projection_tables(Tables(settings), tables))
         self._backlog_interval = backlog_interval
+        self._filter = event_filter
         self._thread: threading.Thread | None = None
 
     def watch(self, query: Any) -> None:
@@ -151,8 +155,9 @@ class SparkQueryTelemetry:
                 for r, tel in self.ranges.items():
                     if tel.samples_backlog:
                         backlog = read_backlog(
-                            conn, self._statements, self.name, self.entity_type, r
-                        )
+                            conn, self._statements, self.name, self.entity_type, r,
+                            event_filter=self._filter,
+                        )  # fmt: skip
                         tel.backlog_sampled(backlog)
         except Exception as e:  # a missed sample; the next one may succeed
             _log.debug("backlog sample of spark projection %s failed: %s", self.name, e)

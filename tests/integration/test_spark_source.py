@@ -6,11 +6,12 @@ import json
 import socket
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
 
-from journal import Journal
+from journal import Journal, SerializerRegistry
 from journal.errors import ConnectionFailed, SchemaNotInitialized
 from journal.slices import slice_for
 from projections.spark import arrow_read, register
@@ -131,6 +132,69 @@ async def test_timestamp_bounds_and_filters(spark: Any, journal: Journal, pg_dsn
         finally:
             spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
             register(spark)
+
+
+@pytest.mark.timeout(300)
+async def test_filter_options_and_pushed_manifest_filters(
+    spark: Any, journal: Journal, pg_dsn: str
+) -> None:
+    """Options `manifests`/`tags`/`where` (issue 30): the rows the filter leaves out are
+    not read (a DataFrame has no offsets to keep), or read as keys with
+    `filteredEnvelopes`; a pushed `ser_manifest` filter is evaluated by PostgreSQL."""
+    registry = SerializerRegistry()
+    registry.register(Deposit, "acct.Deposit")
+    registry.register(Withdrawal, "acct.Withdrawal")
+    written: list[tuple[str, int, str, bool]] = []
+    async with Journal.connect(pg_dsn, journal.settings, serializers=registry) as typed:
+        for i in range(30):
+            pid = f"{ENTITY}|f{i}"
+            events = [Deposit(k) if (i + k) % 3 else Withdrawal(k) for k in range(4)]
+            tagged = i % 2 == 0
+            await typed.append(pid, events, expected_seq_nr=0, tags=("eu",) if tagged else ())
+            for k, e in enumerate(events):
+                written.append((pid, k + 1, f"acct.{type(e).__name__}", tagged))
+    schema = journal.settings.schema
+
+    def keys(df: Any) -> set[tuple[str, int]]:
+        return {
+            (r.persistence_id, r.seq_nr) for r in df.select("persistence_id", "seq_nr").collect()
+        }
+
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, manifests="acct.Withdrawal",
+                 tags='["eu"]', where="seq_nr > 1")  # fmt: skip
+    assert keys(df) == {(p, s) for p, s, m, t in written if m == "acct.Withdrawal" and t and s > 1}
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, tags="eu", filteredEnvelopes="true")
+    rows = df.select("persistence_id", "seq_nr", "ser_manifest", "event_bytes", "tags").collect()
+    assert len(rows) == len(written)
+    left_out = {
+        (r.persistence_id, r.seq_nr) for r in rows if r.ser_manifest == "slicejournal.filtered"
+    }
+    assert left_out == {(p, s) for p, s, _, t in written if not t}
+    assert all(
+        r.event_bytes is None and r.tags == []
+        for r in rows
+        if (r.persistence_id, r.seq_nr) in left_out
+    )
+
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    register(spark)
+    try:
+        df = _reader(spark, pg_dsn, schema, entityType=ENTITY)
+        pushed = df.filter(df.ser_manifest.isin("acct.Deposit"))
+        assert keys(pushed) == {(p, s) for p, s, m, _ in written if m == "acct.Deposit"}
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+        register(spark)
+
+
+@attrs.frozen
+class Deposit:
+    amount: int
+
+
+@attrs.frozen
+class Withdrawal:
+    amount: int
 
 
 @pytest.mark.parametrize(
