@@ -18,6 +18,7 @@ state machine driven out of order). The projections' errors derive from it too.
 from typing import TYPE_CHECKING
 
 from journal._lazy import lazy_attributes
+from journal.durable_state import DurableState, DurableStateChange
 from journal.durations import Duration, parse_duration
 from journal.errors import (
     ConcurrencyError,
@@ -74,8 +75,10 @@ from journal.slices import (
 if TYPE_CHECKING:
     from journal.aggregate import Loaded
     from journal.aio.aggregate import AggregateRepository
+    from journal.aio.durable_state import DurableStateStore
     from journal.aio.journal import Journal
     from journal.sync.aggregate import SyncAggregateRepository
+    from journal.sync.durable_state import SyncDurableStateStore
     from journal.sync.journal import SyncJournal
     from journal.telemetry import WriteTelemetry, use_telemetry
 
@@ -84,6 +87,8 @@ __getattr__, __dir__ = lazy_attributes(
     {
         "AggregateRepository": "journal.aio.aggregate",
         "Loaded": "journal.aggregate",
+        "DurableStateStore": "journal.aio.durable_state",
+        "SyncDurableStateStore": "journal.sync.durable_state",
         "Journal": "journal.aio.journal",
         "SyncAggregateRepository": "journal.sync.aggregate",
         "SyncJournal": "journal.sync.journal",
@@ -103,6 +108,9 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DeserializationError",
+    "DurableState",
+    "DurableStateChange",
+    "DurableStateStore",
     "Duration",
     "EventEnvelope",
     "EventFilter",
@@ -132,6 +140,7 @@ __all__ = [
     "SliceRange",
     "Snapshot",
     "SyncAggregateRepository",
+    "SyncDurableStateStore",
     "SyncJournal",
     "TimestampOffset",
     "WriteTelemetry",

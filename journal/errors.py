@@ -108,15 +108,25 @@ class ProtocolError(JournalError, RuntimeError):
 
 
 class ConcurrencyError(JournalError):
-    """`append` was called with an `expected_seq_nr` that is not the current highest one."""
+    """`append` was called with an `expected_seq_nr` that is not the current highest one
+    (or a durable state write with a revision that is not the stored one + 1: then
+    `expected_seq_nr` is the revision the write expected to find, `what` "revision")."""
 
-    def __init__(self, persistence_id: str, expected_seq_nr: int, actual_seq_nr: int) -> None:
+    def __init__(
+        self,
+        persistence_id: str,
+        expected_seq_nr: int,
+        actual_seq_nr: int,
+        *,
+        what: str = "highest seq_nr",
+        store: str = "journal",
+    ) -> None:
         self.persistence_id = persistence_id
         self.expected_seq_nr = expected_seq_nr
         self.actual_seq_nr = actual_seq_nr
         super().__init__(
-            f"concurrent modification of {persistence_id!r}: expected highest seq_nr "
-            f"{expected_seq_nr}, but the journal has {actual_seq_nr}"
+            f"concurrent modification of {persistence_id!r}: expected {what} "
+            f"{expected_seq_nr}, but the {store} has {actual_seq_nr}"
         )
 
 

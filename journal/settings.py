@@ -157,6 +157,8 @@ class JournalSettings:
     schema: str = attrs.field(default="public", validator=_identifier)
     journal_table: str = attrs.field(default="event_journal", validator=_identifier)
     snapshot_table: str = attrs.field(default="snapshot", validator=_identifier)
+    # The durable state store's table (`DurableStateStore`), in the same schema.
+    durable_state_table: str = attrs.field(default="durable_state", validator=_identifier)
     pool_min_size: int = attrs.field(default=1, validator=_positive_int)
     pool_max_size: int = attrs.field(default=10, validator=_positive_int)
     writer_id: str = attrs.field(factory=_default_writer)

@@ -68,6 +68,14 @@ class Tables:
         return sql.Identifier(derived_name(self.settings.snapshot_table, _INDEX_SUFFIX))
 
     @cached_property
+    def durable_state(self) -> sql.Identifier:
+        return self._qualified(self.settings.durable_state_table)
+
+    @cached_property
+    def durable_state_slice_index(self) -> sql.Identifier:
+        return sql.Identifier(derived_name(self.settings.durable_state_table, _INDEX_SUFFIX))
+
+    @cached_property
     def schema_version(self) -> sql.Identifier:
         """The table recording how far each component's migrations have run."""
         return self._qualified(SCHEMA_VERSION_TABLE)
@@ -89,7 +97,7 @@ class Tables:
 
     def table_names(self) -> tuple[str, ...]:
         """The tables a "relation does not exist" may be about (`schema_errors`)."""
-        return self.key_names()
+        return (*self.key_names(), self.settings.durable_state_table)
 
     def ddl_names(self) -> dict[str, sql.Composable]:
         """The placeholders the files in `migrations/` use."""
@@ -99,6 +107,8 @@ class Tables:
             "event_journal_slice_idx": self.journal_slice_index,
             "snapshot": self.snapshot,
             "snapshot_slice_idx": self.snapshot_slice_index,
+            "durable_state": self.durable_state,
+            "durable_state_slice_idx": self.durable_state_slice_index,
         }
 
 

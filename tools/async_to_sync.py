@@ -62,6 +62,7 @@ NAMES = {
     "aio": "sync",
     "Journal": "SyncJournal",
     "JournalPool": "SyncJournalPool",
+    "DurableStateStore": "SyncDurableStateStore",
     "AggregateRepository": "SyncAggregateRepository",
     "Projection": "SyncProjection",
     "ProjectionGroup": "SyncProjectionGroup",

@@ -35,6 +35,7 @@ from journal.query import sql as q
 from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
+from journal.query.source import EVENTS
 from journal.rows import row_to_envelope
 from journal.schema import TableNaming
 from journal.serialization import SerializerRegistry
@@ -374,6 +375,7 @@ class Journal:
             min_slice,
             max_slice,
             offset,
+            source=EVENTS,
             live=True,
             heartbeats=heartbeats,
             settings=settings,
@@ -400,6 +402,7 @@ class Journal:
             min_slice,
             max_slice,
             offset,
+            source=EVENTS,
             live=False,
             settings=settings,
             event_filter=check_filter(filter),

@@ -171,12 +171,14 @@ def slice_buckets(
     max_slice: int,
     query: BucketsQuery,
     behind: Any,
+    table: sql.Identifier | None = None,
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """Row counts per 10 s bucket; live queries count only complete buckets behind the clock.
 
     Deleted rows are counted too: that keeps the count an index-only scan of
     `event_journal_slice_idx`, and a chunk that returns fewer rows than
-    counted is simply read to its bound.
+    counted is simply read to its bound. `table`: another table of the same
+    slice layout (the durable state's); the journal by default.
     """
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
     where: list[sql.Composable] = [SLICE_RANGE, *bounds]
@@ -199,7 +201,7 @@ def slice_buckets(
         "SELECT (floor(extract(epoch FROM db_timestamp) / %(width)s) * %(width)s)::bigint "
         "AS bucket, count(*) FROM {journal} WHERE {where} "
         "GROUP BY bucket ORDER BY bucket LIMIT %(limit)s"
-    ).format(journal=tables.journal, where=sql.SQL(" AND ").join(where))
+    ).format(journal=table or tables.journal, where=sql.SQL(" AND ").join(where))
     return statement, params
 
 
@@ -243,7 +245,9 @@ FROM sessions"""
 )
 
 
-def horizon(tables: Tables, reader_application: str) -> tuple[sql.Composed, dict[str, Any]]:
+def horizon(
+    tables: Tables, reader_application: str, table: str | None = None
+) -> tuple[sql.Composed, dict[str, Any]]:
     """The open transactions that may write to the journal (see `journal.query.horizon`).
 
     Sessions of roles without INSERT on the journal, in other databases, and the
@@ -252,10 +256,12 @@ def horizon(tables: Tables, reader_application: str) -> tuple[sql.Composed, dict
     fourth column: it can commit whenever, and its start time is unknown. A
     session hidden from us shows `<insufficient privilege>` as its query; one
     still starting up shows no state either, but cannot have written anything.
+    `table` (unquoted): the table whose writers count, the journal by default (the
+    durable state's for its changes query).
     """
     params = {
         "schema": tables.settings.schema,
-        "table": tables.settings.journal_table,
+        "table": table or tables.settings.journal_table,
         "reader": reader_application,
     }
     return _HORIZON, params

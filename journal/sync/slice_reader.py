@@ -20,14 +20,14 @@ import itertools
 import time
 from collections.abc import Generator
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from journal.connection import driver_errors
 from journal.errors import ProtocolError
 from journal.filter import EventFilter
-from journal.model import FILTERED, EventEnvelope, TimestampOffset, heartbeat_envelope
+from journal.model import TimestampOffset
 from journal.query import sql as q
 from journal.query.by_slice import (
     BucketsQuery,
@@ -40,7 +40,7 @@ from journal.query.by_slice import (
     warn_if_unfinished,
 )
 from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
-from journal.rows import rows_to_envelopes
+from journal.query.source import RowSource
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
 from journal.sync.flavour import sleep
@@ -48,6 +48,7 @@ from journal.sync.notifications import NotificationListener, Subscription, wait_
 from journal.tables import Tables
 
 _cursor_ids = itertools.count()
+E = TypeVar("E")
 
 
 class SliceReader:
@@ -81,13 +82,15 @@ class SliceReader:
         max_slice: int,
         offset: TimestampOffset | None,
         *,
+        source: RowSource[E],
         live: bool,
         heartbeats: bool = False,
         settings: QuerySettings | None = None,
         event_filter: EventFilter | None = None,
         filtered_envelopes: bool = False,
-    ) -> Generator[EventEnvelope, None, None]:
-        """Yield envelopes of the range as decided by a fresh `BySliceQuery`.
+    ) -> Generator[E, None, None]:
+        """Yield envelopes of the range as decided by a fresh `BySliceQuery`, reading
+        `source`'s rows (`journal.query.source`: events, durable state changes).
 
         With `event_filter`, the rows it leaves out are read as keys only; they
         advance the query like any row and are yielded (as `FILTERED` envelopes)
@@ -111,16 +114,16 @@ class SliceReader:
                     elif isinstance(request, HeartbeatDue):
                         db_now = self.database_time()
                         hb = machine.on_heartbeat(db_now, time.monotonic())
-                        yield heartbeat_envelope(entity_type, min_slice, hb)
+                        yield source.heartbeat(entity_type, min_slice, hb)
                     elif isinstance(request, HorizonQuery):
-                        statement, params = q.horizon(self._tables, READER_APPLICATION)
+                        statement, params = source.horizon(self._tables, READER_APPLICATION)
                         with self._pool.connection() as conn:
                             cur = conn.execute(statement, params)
                             reading = horizon_from_row(_one(cur))
                         self._blind.note(reading)
                         machine.on_horizon(reading)
                     elif isinstance(request, BucketsQuery):
-                        statement, params = q.slice_buckets(
+                        statement, params = source.buckets(
                             self._tables,
                             entity_type,
                             min_slice,
@@ -132,18 +135,19 @@ class SliceReader:
                             cur = conn.execute(statement, params)
                             machine.on_buckets(cur.fetchall())
                     else:
-                        source = "backtracking" if request.backtracking else "query"
+                        kind = "backtracking" if request.backtracking else "query"
                         registry = self._registry
-                        batches = self._batches(
-                            entity_type, min_slice, max_slice, request, settings, event_filter
+                        statement, params = source.rows(
+                            self._tables, entity_type, min_slice, max_slice, request, event_filter
                         )
+                        batches = self._batches(statement, params, request, settings)
                         skip = event_filter is not None and not filtered_envelopes
                         with contextlib.closing(batches):
                             for batch in batches:
                                 emitted = machine.on_rows(batch, time.monotonic())
-                                for envelope in rows_to_envelopes(emitted, registry, source=source):
-                                    if skip and envelope.event is FILTERED:
-                                        continue
+                                for envelope in source.decode(
+                                    emitted, registry, source=kind, skip_filtered=skip
+                                ):
                                     yield envelope
                         machine.on_rows_done(time.monotonic())
             finally:
@@ -152,17 +156,8 @@ class SliceReader:
                     self._listener.unsubscribe(sub)
 
     def _batches(
-        self,
-        entity_type: str,
-        min_slice: int,
-        max_slice: int,
-        request: RowsQuery,
-        settings: QuerySettings,
-        event_filter: EventFilter | None,
+        self, statement: Any, params: dict[str, Any], request: RowsQuery, settings: QuerySettings
     ) -> Generator[list[Any], None, None]:
-        statement, params = q.slice_rows(
-            self._tables, entity_type, min_slice, max_slice, request, event_filter
-        )
         if request.limit is not None:
             with self._pool.connection() as conn:
                 cur = conn.execute(statement, params, binary=True)

@@ -1,0 +1,186 @@
+# Generated from journal/aio/durable_state.py by tools/async_to_sync.py: do not edit.
+# Change the source, then `./dev generate`; `./dev lint` fails while this is stale.
+"""`SyncDurableStateStore`: the durable state store beside a journal, and its changes by slices.
+
+Built from an open journal (`SyncDurableStateStore(journal)`), it shares the
+journal's pools, serializers, settings and notifications. Writes are Pekko's
+optimistic upserts (`journal/query/state_sql.py`); the changes query is the
+journal's slice query over the durable state table (`STATE_CHANGES`), with
+the same horizon, backtracking and heartbeats as events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from psycopg import Connection
+
+from journal.connection import translate_errors
+from journal.durable_state import (
+    DurableState,
+    DurableStateChange,
+    row_to_state,
+    state_params,
+)
+from journal.errors import ConcurrencyError
+from journal.model import TimestampOffset
+from journal.query.by_slice import check_slice_query
+from journal.query.source import STATE_CHANGES
+from journal.query.state_sql import DurableStateSql
+from journal.settings import QuerySettings
+from journal.slices import validate_persistence_id
+from journal.sync.journal import SyncJournal
+from journal.sync.slice_reader import SliceReader
+
+
+class SyncDurableStateStore:
+    """Pekko's durable state store on the journal's database: one row per id, its latest
+    revision; `upsert` and `delete` take the *new* revision (previous + 1)."""
+
+    def __init__(self, journal: SyncJournal) -> None:
+        self.journal = journal
+        self._sql = DurableStateSql.of(journal.tables)
+        self._slices = SliceReader(
+            journal.read_pool,
+            journal.tables,
+            journal.serializers,
+            journal.settings.query,
+            journal._listener,
+        )
+
+    # -- writes -------------------------------------------------------------
+
+    @translate_errors
+    def upsert(
+        self,
+        persistence_id: str,
+        state: Any,
+        *,
+        revision: int,
+        tags: Sequence[str] = (),
+        conn: Connection[Any] | None = None,
+    ) -> None:
+        """Store `state` as the id's revision `revision`, which must be the stored
+        revision + 1 (1 for a new id); otherwise `ConcurrencyError`, nothing written.
+
+        With `conn`, the row is written inside that connection's transaction and
+        becomes visible (to `get` and the changes query) when the caller commits.
+        """
+        params = state_params(self.journal.serializers, persistence_id, revision, state, tags)
+        self._write(params, conn)
+
+    @translate_errors
+    def delete(
+        self,
+        persistence_id: str,
+        *,
+        revision: int,
+        conn: Connection[Any] | None = None,
+    ) -> None:
+        """Delete the id's state as its revision `revision` (stored revision + 1), keeping
+        a row with no payload: the revision is never reused, and the changes query
+        delivers the deletion (`DurableStateChange.deleted`). `ConcurrencyError` as for
+        `upsert`."""
+        params = state_params(
+            self.journal.serializers, persistence_id, revision, None, (), delete=True
+        )
+        self._write(params, conn)
+
+    def _write(self, params: dict[str, Any], conn: Connection[Any] | None) -> None:
+        statement = self._sql.insert if params["revision"] == 1 else self._sql.update
+        row: Any = None
+        if conn is not None:
+            cur = conn.execute(statement, params)
+            written = cur.rowcount
+            if written != 1:
+                cur = conn.execute(self._sql.revision_of, (params["pid"],))
+                row = cur.fetchone()
+        else:
+            with self.journal.pool.connection() as own:
+                cur = own.execute(statement, params)
+                written = cur.rowcount
+                if written != 1:
+                    cur = own.execute(self._sql.revision_of, (params["pid"],))
+                    row = cur.fetchone()
+        if written != 1:
+            actual = 0 if row is None else int(row[0])
+            store = "durable state store"
+            raise ConcurrencyError(
+                params["pid"], params["previous"], actual, what="revision", store=store
+            )
+        notifier = self.journal._notifier
+        if notifier is not None:
+            notifier.changed(params["entity_type"], params["slice"])
+
+    # -- reads --------------------------------------------------------------
+
+    @translate_errors
+    def get(self, persistence_id: str) -> DurableState | None:
+        """The id's latest state and revision (`deleted` after `delete`), or None."""
+        pid = validate_persistence_id(persistence_id)
+        with self.journal.pool.connection() as conn:
+            cur = conn.execute(self._sql.select, (pid,))
+            row = cur.fetchone()
+        return None if row is None else row_to_state(self.journal.serializers, pid, row)
+
+    @translate_errors
+    def revision(self, persistence_id: str) -> int:
+        """The id's stored revision, 0 if it has none (deleted states keep theirs)."""
+        pid = validate_persistence_id(persistence_id)
+        with self.journal.pool.connection() as conn:
+            cur = conn.execute(self._sql.revision_of, (pid,))
+            row = cur.fetchone()
+        return 0 if row is None else int(row[0])
+
+    def changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+    ) -> Generator[DurableStateChange, None, None]:
+        """Live stream of the entity type's state changes in a slice range, never ending.
+
+        Each change is the latest revision of an id the query saw (revisions of one
+        id arrive increasing; intermediate ones may be skipped), ordered by
+        (db_timestamp, revision), except that backtracking changes (`source ==
+        "backtracking"`, value not loaded) re-deliver recent ones that may have
+        committed late: keep the highest revision per id. The visibility horizon,
+        backtracking and `heartbeats` work as for `SyncJournal.events_by_slices`.
+        """
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            source=STATE_CHANGES,
+            live=True,
+            heartbeats=heartbeats,
+            settings=settings,
+        )
+
+    def current_changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        settings: QuerySettings | None = None,
+    ) -> Generator[DurableStateChange, None, None]:
+        """The range's changes up to the database time at the start, then the end."""
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            source=STATE_CHANGES,
+            live=False,
+            settings=settings,
+        )
