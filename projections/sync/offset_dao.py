@@ -12,11 +12,13 @@ the operators' module.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg import Connection, RawCursor
 
 from journal.filter import EventFilter
@@ -33,6 +35,8 @@ from projections.management_sql import (
 from projections.offset_sql import OffsetSql, Statement, records_of
 from projections.offset_store import Record
 from projections.tables import ProjectionTables
+
+_log = logging.getLogger("slicejournal.projections.offsets")
 
 
 class OffsetDao:
@@ -138,11 +142,17 @@ def record_filter(
 ) -> None:
     """Record the filter a running instance of `name` applies (None: clear it), for
     `status` and the backlog read by management."""
-    if event_filter is None:
-        conn.execute(statements.clear_filter, (name,))
-    else:
-        millis = int(time.time() * 1000)
-        conn.execute(statements.record_filter, (name, millis, filter_to_json(event_filter)))
+    try:
+        if event_filter is None:
+            conn.execute(statements.clear_filter, (name,))
+        else:
+            millis = int(time.time() * 1000)
+            conn.execute(statements.record_filter, (name, millis, filter_to_json(event_filter)))
+    except psycopg.errors.UndefinedColumn:
+        # A schema not migrated yet (opened with `check_schema=False`, as the old
+        # release's instances are during a rolling upgrade): nothing to record into.
+        _log.warning("projection %s: its filter is not recorded until `slicejournal "
+                     "migrate` has run (projections migration 3)", name)  # fmt: skip
 
 
 def recorded_filter(

@@ -15,7 +15,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from journal import InvalidSettings, Journal, JournalSettings, SliceRange, slice_for
+from journal import (
+    DurableStateStore,
+    InvalidSettings,
+    Journal,
+    JournalSettings,
+    SliceRange,
+    slice_for,
+)
 from projections.aio.offset_dao import OffsetDao
 from projections.aio.retention import Retention
 from projections.fencing import FENCE_SQLSTATE, Fence
@@ -84,7 +91,10 @@ async def test_hostile_schema_and_table_names(
 ) -> None:
     schema = f"{hostile} {uuid.uuid4().hex[:6]}"
     settings = JournalSettings(
-        schema=schema, journal_table=f"j {hostile}", snapshot_table=f"s {hostile}"
+        schema=schema,
+        journal_table=f"j {hostile}",
+        snapshot_table=f"s {hostile}",
+        durable_state_table=f"ds {hostile}",
     )
     names = ProjectionTableNames(
         offset_table=f"o {hostile}",
@@ -110,6 +120,11 @@ async def test_hostile_schema_and_table_names(
             snap = await j.load_snapshot(pid)
             ids = [p async for p in j.current_persistence_ids()]
             await j.delete_events_to(pid, 1)
+            states = DurableStateStore(j)
+            await states.upsert(pid, {"sum": 6}, revision=1)
+            await states.upsert(pid, {"sum": 7}, revision=2)
+            state = await states.get(pid)
+            changes = [c async for c in states.current_changes_by_slices("Account", s, s)]
             after_delete = [e.seq_nr async for e in j.current_events_by_persistence_id(pid)]
             # A lease claimed and a fenced offset save: the fence function runs.
             statements = FleetSql(projection_tables)
@@ -144,6 +159,8 @@ async def test_hostile_schema_and_table_names(
         assert [e.seq_nr for e in by_slice] == [1, 2, 3]
         assert snap is not None and snap.state == {"sum": 6}
         assert ids == [pid]
+        assert state is not None and (state.value, state.revision) == ({"sum": 7}, 2)
+        assert [(c.persistence_id, c.revision) for c in changes] == [(pid, 2)]
         assert after_delete == [2, 3]
         assert [(x.persistence_id, x.seq_nr) for x in saved] == [(pid, 3)]
         assert (held.events, free.events, free.retired_offsets) == (0, 1, 0)
@@ -153,6 +170,7 @@ async def test_hostile_schema_and_table_names(
         assert await tables_in(pg_dsn, schema) == {
             f"j {hostile}",
             f"s {hostile}",
+            f"ds {hostile}",
             f"o {hostile}",
             f"m {hostile}",
             f"m {hostile}_registry",
