@@ -15,16 +15,15 @@ stream with a filter yields only the matching envelopes.
 
 `where` is application code, trusted like the handler itself: it is spliced
 into the statement as written (never build it from user input). The manifests
-and tags are bound parameters.
+and tags are bound parameters. Pure (no database import): the condition is
+built by `journal.query.sql.filter_condition`, beside the statements it joins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import attrs
-from psycopg import sql
 
 from journal.errors import InvalidArgument
 
@@ -84,26 +83,6 @@ class EventFilter:
     def is_empty(self) -> bool:
         """True when the filter lets every event through."""
         return not (self.manifests or self.tags or self.where)
-
-    def condition(self) -> tuple[sql.Composable, dict[str, Any]]:
-        """The filter as one SQL condition on a journal row, and its parameters.
-
-        Parameter names start with `filter_`, so the condition composes with any
-        statement of the journal's."""
-        parts: list[sql.Composable] = []
-        params: dict[str, Any] = {}
-        if self.manifests:
-            parts.append(sql.SQL("event_ser_manifest = ANY(%(filter_manifests)s::text[])"))
-            params["filter_manifests"] = list(self.manifests)
-        if self.tags:
-            parts.append(sql.SQL("tags && %(filter_tags)s::text[]"))
-            params["filter_tags"] = list(self.tags)
-        if self.where is not None:
-            # A literal % in the expression must not read as a placeholder.
-            parts.append(sql.SQL("(") + sql.SQL(self.where.replace("%", "%%")) + sql.SQL(")"))
-        if not parts:
-            return sql.SQL("true"), params
-        return sql.SQL("(") + sql.SQL(" AND ").join(parts) + sql.SQL(")"), params
 
 
 def check_filter(value: object) -> EventFilter | None:

@@ -16,6 +16,7 @@ from psycopg import sql
 from journal.errors import InvalidArgument
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
+from journal.query.sql import filter_condition
 from journal.slices import SliceRange
 from projections.names import ALL_RANGES
 from projections.offset_sql import Statement
@@ -114,7 +115,7 @@ class ManagementSql:
         condition: sql.Composable = sql.SQL("")
         params: dict[str, Any] = {}
         if event_filter is not None:
-            matched, params = event_filter.condition()
+            matched, params = filter_condition(event_filter)
             condition = sql.SQL(" AND ") + matched
         statement = sql.SQL(
             "WITH stored AS MATERIALIZED ("

@@ -35,7 +35,7 @@ def _projection_tables(settings: JournalSettings) -> ProjectionTables:
 def _demo_tables(settings: JournalSettings, read_models: tuple[str, ...]) -> list[str]:
     projections = _projection_tables(settings)
     return [
-        *projections.journal_tables.key_names(),
+        *projections.journal_tables.table_names(),
         *projections.key_names(),
         projections.registry_name,
         SCHEMA_VERSION_TABLE,

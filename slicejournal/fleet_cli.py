@@ -33,6 +33,7 @@ from journal.connection import parse_dsn
 from journal.dsn import resolve_dsn
 from journal.errors import JournalError
 from journal.filter import EventFilter
+from journal.query.sql import filter_condition
 from projections.aio.fleet_control import FleetControl
 from projections.aio.management import ProjectionManagement
 from projections.backlog import Backlog
@@ -415,7 +416,7 @@ async def _appended_between(
     condition: sql.Composable = sql.SQL("")
     filter_params: dict[str, Any] = {}
     if event_filter is not None:
-        matched, filter_params = event_filter.condition()
+        matched, filter_params = filter_condition(event_filter)
         condition = sql.SQL(" AND ") + matched
     query = sql.SQL(
         "SELECT count(*) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "

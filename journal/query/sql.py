@@ -55,6 +55,29 @@ _FILTERED_COLUMNS: dict[str, sql.Composable] = {
 }
 
 
+def filter_condition(event_filter: EventFilter) -> tuple[sql.Composable, dict[str, Any]]:
+    """An `EventFilter` as one SQL condition on a journal row, and its parameters.
+
+    Parameter names start with `filter_`, so the condition composes with any
+    statement of the journal's; manifests and tags are bound, `where` is the
+    application's trusted SQL."""
+    parts: list[sql.Composable] = []
+    params: dict[str, Any] = {}
+    if event_filter.manifests:
+        parts.append(sql.SQL("event_ser_manifest = ANY(%(filter_manifests)s::text[])"))
+        params["filter_manifests"] = list(event_filter.manifests)
+    if event_filter.tags:
+        parts.append(sql.SQL("tags && %(filter_tags)s::text[]"))
+        params["filter_tags"] = list(event_filter.tags)
+    if event_filter.where is not None:
+        # A literal % in the expression must not read as a placeholder.
+        where = event_filter.where.replace("%", "%%")
+        parts.append(sql.SQL("(") + sql.SQL(where) + sql.SQL(")"))
+    if not parts:
+        return sql.SQL("true"), params
+    return sql.SQL("(") + sql.SQL(" AND ").join(parts) + sql.SQL(")"), params
+
+
 def filter_matches(
     event_filter: EventFilter | None,
 ) -> tuple[sql.Composable | None, dict[str, Any]]:
@@ -62,7 +85,7 @@ def filter_matches(
     tombstone always is), with its parameters; (None, {}) without a filter."""
     if event_filter is None:
         return None, {}
-    condition, params = event_filter.condition()
+    condition, params = filter_condition(event_filter)
     tombstone, tombstone_params = (
         _IS_TOMBSTONE,
         {

@@ -45,6 +45,7 @@ def test_init_creates_the_schema_and_is_idempotent(pg_dsn: str) -> None:
         assert tables_in(pg_dsn, schema) == {
             "event_journal",
             "snapshot",
+            "durable_state",
             "projection_timestamp_offset_store",
             "projection_management",
             "projection_management_registry",
