@@ -116,17 +116,17 @@ SyncHandler = Callable[[Connection[Any], EventEnvelope], None]
 SyncGroupedHandler = Callable[[Connection[Any], list[EventEnvelope]], None]
 SyncAtLeastOnceHandler = Callable[[EventEnvelope], None]
 # The handlers of projections over durable state (`exactly_once_changes`, ...).
-ChangeHandler = Callable[[Connection[Any], DurableStateChange], None]
-GroupedChangeHandler = Callable[[Connection[Any], list[DurableStateChange]], None]
-AtLeastOnceChangeHandler = Callable[[DurableStateChange], None]
+SyncChangeHandler = Callable[[Connection[Any], DurableStateChange], None]
+SyncGroupedChangeHandler = Callable[[Connection[Any], list[DurableStateChange]], None]
+SyncAtLeastOnceChangeHandler = Callable[[DurableStateChange], None]
 
 
 __all__ = [
-    "AtLeastOnceChangeHandler",
-    "ChangeHandler",
-    "GroupedChangeHandler",
     "ProjectionError",
+    "SyncAtLeastOnceChangeHandler",
     "SyncAtLeastOnceHandler",
+    "SyncChangeHandler",
+    "SyncGroupedChangeHandler",
     "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",
@@ -308,7 +308,7 @@ class SyncProjection:
         name: str,
         entity_type: str,
         slice_range: SliceRange,
-        handler: ChangeHandler,
+        handler: SyncChangeHandler,
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
@@ -334,7 +334,7 @@ class SyncProjection:
         name: str,
         entity_type: str,
         slice_range: SliceRange,
-        handler: GroupedChangeHandler,
+        handler: SyncGroupedChangeHandler,
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
@@ -355,7 +355,7 @@ class SyncProjection:
         name: str,
         entity_type: str,
         slice_range: SliceRange,
-        handler: AtLeastOnceChangeHandler,
+        handler: SyncAtLeastOnceChangeHandler,
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
