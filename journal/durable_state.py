@@ -182,6 +182,29 @@ def row_to_state(registry: SerializerRegistry, pid: str, row: Sequence[Any]) -> 
     return DurableState(pid, revision, value, db_ts, tuple(tags or ()), deleted)
 
 
+def row_to_change(
+    registry: SerializerRegistry, pid: str, row: Sequence[Any], *, source: str
+) -> DurableStateChange:
+    """The id's current state as a change: a row of `DurableStateSql.select` (revision,
+    db_timestamp, serializer id, manifest, payload, tags) decoded as `rows_to_changes`
+    does (a payload it cannot decode: `UNDECODABLE` with `error`)."""
+    revision, db_ts, ser_id, manifest, payload, tags = row
+    deleted = ser_id == DELETED_SER_ID and len(payload) == 0
+    value: Any = None
+    error: DeserializationError | None = None
+    if not deleted:
+        try:
+            value = registry.deserialize(
+                ser_id, manifest or "", bytes(payload), persistence_id=pid, seq_nr=revision
+            )
+        except DeserializationError as e:
+            value, error = UNDECODABLE, e
+    return DurableStateChange(
+        pid, entity_type_of(pid), slice_for(pid), revision, db_ts, value, ser_id,
+        manifest or "", tuple(tags or ()), None, source, error, deleted,
+    )  # fmt: skip
+
+
 def check_revision(revision: object) -> int:
     """The new revision of a write: an int >= 1."""
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:

@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from projections.aio.management import ProjectionManagement
     from projections.aio.retention import Retention
     from projections.aio.runner import (
+        AtLeastOnceChangeHandler,
         AtLeastOnceHandler,
+        ChangeHandler,
+        GroupedChangeHandler,
         GroupedHandler,
         Handler,
         Projection,
@@ -54,7 +57,10 @@ if TYPE_CHECKING:
     from projections.sync.management import SyncProjectionManagement
     from projections.sync.retention import SyncRetention
     from projections.sync.runner import (
+        SyncAtLeastOnceChangeHandler,
         SyncAtLeastOnceHandler,
+        SyncChangeHandler,
+        SyncGroupedChangeHandler,
         SyncGroupedHandler,
         SyncHandler,
         SyncProjection,
@@ -71,7 +77,15 @@ __getattr__, __dir__ = lazy_attributes(
         "Retention": "projections.aio.retention",
         "SyncRetention": "projections.sync.retention",
         **dict.fromkeys(
-            ("AtLeastOnceHandler", "GroupedHandler", "Handler", "Projection"),
+            (
+                "AtLeastOnceChangeHandler",
+                "AtLeastOnceHandler",
+                "ChangeHandler",
+                "GroupedChangeHandler",
+                "GroupedHandler",
+                "Handler",
+                "Projection",
+            ),
             "projections.aio.runner",
         ),
         "ProjectionGroup": "projections.aio.group",
@@ -82,7 +96,10 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(("FleetWorker", "WorkerApp", "WorkerSettings"), "projections.fleet.worker"),
         **dict.fromkeys(
             (
+                "SyncAtLeastOnceChangeHandler",
                 "SyncAtLeastOnceHandler",
+                "SyncChangeHandler",
+                "SyncGroupedChangeHandler",
                 "SyncGroupedHandler",
                 "SyncHandler",
                 "SyncProjection",
@@ -128,12 +145,15 @@ __getattr__, __dir__ = lazy_attributes(
 )
 
 __all__ = [
+    "AtLeastOnceChangeHandler",
     "AtLeastOnceHandler",
     "Backlog",
+    "ChangeHandler",
     "DeadLetter",
     "FleetControl",
     "FleetStatus",
     "FleetWorker",
+    "GroupedChangeHandler",
     "GroupedHandler",
     "Handler",
     "InstanceTelemetry",
@@ -161,8 +181,11 @@ __all__ = [
     "RetentionProgress",
     "RetentionReport",
     "RetentionSettings",
+    "SyncAtLeastOnceChangeHandler",
     "SyncAtLeastOnceHandler",
+    "SyncChangeHandler",
     "SyncFleetControl",
+    "SyncGroupedChangeHandler",
     "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",

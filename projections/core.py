@@ -47,6 +47,19 @@ query delivers (`EventEnvelope.deleted`, no event): it goes through the same
 validation and reaches the handler, which erases the id's rows. A reset id's
 tombstone has seq_nr 0 and starts its new lifetime (`offset_store.py`).
 
+**Durable state.** A core built with `source=STATE_CHANGES` (its offset state
+`consecutive=False`) validates revisions: the latest revision of each changed
+id, a gap normal, never a `PreviousTimestamp` or `MissingEvents`, never a
+rejection. A backtracking change (value not loaded) accepted is loaded by id
+(`LoadPayload`, answered with the id's *current* state as a
+`DurableStateChange`, or None if the row is gone): if the id moved on to a
+newer revision meanwhile, the newest is delivered — revision, value and
+`deleted` from the load, offset, source and `db_timestamp` from the change,
+as Akka's `loadEnvelope` does — and its offset row stores that newer revision,
+so the query's later delivery of it is a duplicate. Delivering the newest
+rather than dropping the older one as a duplicate never waits on a later
+delivery that a backtracking window might miss.
+
 What stays in the drivers is I/O policy: retries with backoff (they sleep)
 and dead letters (they write) — the core learns only the outcome, `skipped`
 or `failed` — and the pause checks and the cleanup timer, which are a poll
@@ -60,10 +73,11 @@ import logging
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
+from journal.durable_state import DurableStateChange
 from journal.errors import ProtocolError
 from journal.model import EventEnvelope, TimestampOffset
 from projections.offset_store import (
@@ -78,6 +92,30 @@ from projections.offset_store import (
 from projections.settings import ProjectionSettings
 
 _log = logging.getLogger("slicejournal.projections.core")
+
+
+# What a projection handles: the journal's events or the durable state's changes.
+Envelope = EventEnvelope | DurableStateChange
+
+
+class Rows(Protocol):
+    """What the core needs of the stream's row source (`journal.query.source.RowSource`,
+    not imported here: the core imports no I/O stack)."""
+
+    @property
+    def consecutive(self) -> bool:
+        """False: durable state revisions, the latest of each id (gaps normal)."""
+        ...
+
+
+def loaded(env: Envelope) -> bool:
+    """False for a backtracking envelope or change whose payload has not been read."""
+    return env.event_loaded if isinstance(env, EventEnvelope) else env.value_loaded
+
+
+def wanted(envelopes: Iterable[Envelope]) -> list[Envelope]:
+    """The envelopes a handler sees: not the keys an `EventFilter` left out."""
+    return [e for e in envelopes if not (isinstance(e, EventEnvelope) and e.filtered)]
 
 
 @attrs.frozen
@@ -131,14 +169,17 @@ class GapFill:
 
 @attrs.frozen
 class LoadPayload:
-    """Answer with the envelope (payload loaded) of (pid, seq_nr), or None if deleted."""
+    """Answer with the envelope (payload loaded) of (pid, seq_nr), or None if deleted.
+
+    For durable state: the id's current state as a `DurableStateChange` (its
+    revision may be newer than `seq_nr`), or None if it has no row."""
 
     persistence_id: str
     seq_nr: int
 
 
 Request = StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload
-Admission = Generator[Request, Any, list[EventEnvelope]]
+Admission = Generator[Request, Any, list[Envelope]]
 
 
 @attrs.define
@@ -157,7 +198,7 @@ class ProjectionStats:
     latest_timestamp: datetime | None = None
 
 
-def record_of(env: EventEnvelope) -> Record:
+def record_of(env: Envelope) -> Record:
     """The offset row an accepted envelope is stored as."""
     return Record(env.slice, env.persistence_id, env.seq_nr, env.db_timestamp)
 
@@ -178,13 +219,13 @@ def _waits_for(gap: Validation, fill: GapFill) -> int:
 
 def admit(
     state: OffsetState,
-    env: EventEnvelope,
+    env: Envelope,
     stats: ProjectionStats,
     *,
     where: str = "",
     log: logging.Logger = _log,
     fields: Mapping[str, object] | None = None,
-    rejected: list[EventEnvelope] | None = None,
+    rejected: list[Envelope] | None = None,
     evidence: int | None = None,
     fetched: Mapping[int, datetime] | None = None,
 ) -> Admission:
@@ -210,7 +251,7 @@ def admit(
     if v.verdict is Verdict.DUPLICATE:
         stats.duplicates += 1
         return []
-    accepted: list[EventEnvelope] = []
+    accepted: list[Envelope] = []
     if v.verdict is Verdict.GAP and fetched is None:
         # Earlier events of this pid have not come yet (they committed late, or the
         # range started after them): admit the missing ones first.
@@ -252,12 +293,14 @@ def admit(
                        "seq_nr": seq_nr},
             )  # fmt: skip
         return accepted
-    if not env.event_loaded:
-        loaded: EventEnvelope | None = yield LoadPayload(pid, seq_nr)
-        if loaded is None:  # deleted since: nothing to apply
+    if not loaded(env):
+        found_env: Envelope | None = yield LoadPayload(pid, seq_nr)
+        if found_env is None:  # deleted since: nothing to apply
             stats.duplicates += 1
             return accepted
-        env = attrs.evolve(loaded, offset=env.offset, source=env.source)
+        # Durable state: the id's current revision, maybe newer (the module's docstring).
+        env = attrs.evolve(found_env, offset=env.offset, source=env.source, db_timestamp=ts)
+        seq_nr = env.seq_nr
     state.accept(pid, seq_nr, ts)
     stats.accepted += 1
     accepted.append(env)
@@ -283,14 +326,14 @@ def progress_markers(
     return out
 
 
-def converse(conversation: Admission, answer: Callable[[Request], Any]) -> list[EventEnvelope]:
+def converse(conversation: Admission, answer: Callable[[Request], Any]) -> list[Envelope]:
     """Run `admit` to its end with a blocking `answer(request)` (sync runner, model tests)."""
     reply: Any = None
     while True:
         try:
             request = conversation.send(reply)
         except StopIteration as done:
-            accepted: list[EventEnvelope] = done.value
+            accepted: list[Envelope] = done.value
             return accepted
         reply = answer(request)
 
@@ -316,7 +359,7 @@ class Batcher:
     mode: Mode
     size: int
     wait: float
-    pending: list[EventEnvelope] = attrs.field(factory=list)
+    pending: list[Envelope] = attrs.field(factory=list)
     started: float = 0.0
 
     @classmethod
@@ -331,7 +374,7 @@ class Batcher:
     def empty(self) -> bool:
         return not self.pending
 
-    def add(self, env: EventEnvelope, now: float) -> list[EventEnvelope]:
+    def add(self, env: Envelope, now: float) -> list[Envelope]:
         """The batch that is due now because of `env` (empty: wait for more or the clock)."""
         if self.mode is Mode.EXACTLY_ONCE:
             return [env]
@@ -344,7 +387,7 @@ class Batcher:
         """When the pending batch must go out even if nothing else arrives."""
         return self.started + self.wait if self.pending else float("inf")
 
-    def take(self) -> list[EventEnvelope]:
+    def take(self) -> list[Envelope]:
         batch, self.pending = self.pending, []
         return batch
 
@@ -360,7 +403,7 @@ class Handle:
     or `failed()`.
     """
 
-    envelope: EventEnvelope
+    envelope: Envelope
 
 
 @attrs.frozen
@@ -373,7 +416,7 @@ class Commit:
     that transaction, no markers); or `failed()`.
     """
 
-    envelopes: tuple[EventEnvelope, ...]
+    envelopes: tuple[Envelope, ...]
     events: tuple[Record, ...]
     markers: tuple[Record, ...] = ()
 
@@ -431,9 +474,13 @@ class ProjectionCore:
         where: str = "",
         log: logging.Logger = _log,
         fields: Mapping[str, object] | None = None,
+        source: Rows | None = None,
     ) -> None:
         self.mode = mode
         self.settings = settings
+        # What the stream reads: events (None), or durable state changes (revisions, gaps
+        # normal): `journal.query.source.EVENTS` or `STATE_CHANGES`.
+        self.consecutive = True if source is None else source.consecutive
         self.slices = slices
         self.stats = stats if stats is not None else ProjectionStats()
         self.where = where
@@ -443,14 +490,14 @@ class ProjectionCore:
         self.state = state if state is not None else self._state(())
         self._batcher = Batcher.for_mode(mode, settings)
         # Rejected envelopes, by (pid, seq_nr), until accepted or found duplicates.
-        self._held: dict[tuple[str, int], EventEnvelope] = {}
-        self._rejected: list[EventEnvelope] = []
+        self._held: dict[tuple[str, int], Envelope] = {}
+        self._rejected: list[Envelope] = []
         self._retry_at = float("inf")
         self._progress: datetime | None = None
         self._progress_saved_at = 0.0
         self._conversation: Admission | None = None
-        self._offered: EventEnvelope | None = None
-        self._accepted: deque[EventEnvelope] = deque()
+        self._offered: Envelope | None = None
+        self._accepted: deque[Envelope] = deque()
         self._outstanding: Action | None = None
 
     def start(self, records: Iterable[Record]) -> TimestampOffset | None:
@@ -470,21 +517,22 @@ class ProjectionCore:
             records,
             reset_after=settings.accept_sequence_number_reset_after,
             table_outlives_memory=settings.delete_after_consumed is not None,
+            consecutive=self.consecutive,
         )
 
     @property
-    def held(self) -> tuple[EventEnvelope, ...]:
+    def held(self) -> tuple[Envelope, ...]:
         """The rejected envelopes waiting for their predecessors, in (pid, seq_nr) order."""
         return tuple(self._held[k] for k in sorted(self._held))
 
     @property
-    def pending(self) -> tuple[EventEnvelope, ...]:
+    def pending(self) -> tuple[Envelope, ...]:
         """The accepted envelopes of the batch not yet handed out."""
         return tuple(self._batcher.pending)
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def offer(self, env: EventEnvelope, now: float) -> Action | None:
+    def offer(self, env: Envelope, now: float) -> Action | None:
         """The next envelope of the stream (heartbeats and backtracking ones included)."""
         self._idle_or_fail("offer")
         if env.is_heartbeat:
@@ -581,12 +629,12 @@ class ProjectionCore:
 
     # -- inside ---------------------------------------------------------------------------------
 
-    def _admit(self, env: EventEnvelope) -> Admission:
+    def _admit(self, env: Envelope) -> Admission:
         return admit(self.state, env, self.stats, where=self.where, log=self.log,
                      fields=self.fields, rejected=self._rejected)  # fmt: skip
 
-    def _readmit(self, envelopes: Sequence[EventEnvelope]) -> Admission:
-        accepted: list[EventEnvelope] = []
+    def _readmit(self, envelopes: Sequence[Envelope]) -> Admission:
+        accepted: list[Envelope] = []
         for env in envelopes:
             accepted += yield from self._admit(env)
         return accepted
@@ -602,7 +650,7 @@ class ProjectionCore:
             return self._next(now)
         return self._out(request)
 
-    def _settle(self, accepted: Sequence[EventEnvelope], now: float) -> None:
+    def _settle(self, accepted: Sequence[Envelope], now: float) -> None:
         """Hold what the conversation rejected; an accepted pid's held envelopes are due."""
         for env in accepted:
             self._held.pop((env.persistence_id, env.seq_nr), None)
@@ -635,12 +683,12 @@ class ProjectionCore:
             self.stats.latest_timestamp = offered.offset.timestamp
         return None
 
-    def _add(self, env: EventEnvelope, now: float) -> Action | None:
+    def _add(self, env: Envelope, now: float) -> Action | None:
         """Into the batch; the batch's delivery if that made it due."""
         due = self._batcher.add(env, now)
         return self._out(self._deliver(due, now)) if due else None
 
-    def _deliver(self, batch: list[EventEnvelope], now: float) -> Commit | SaveOffsets:
+    def _deliver(self, batch: list[Envelope], now: float) -> Commit | SaveOffsets:
         events = tuple(record_of(e) for e in batch)
         markers = tuple(self._markers(now))
         if self.mode is Mode.AT_LEAST_ONCE:

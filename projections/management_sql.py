@@ -13,6 +13,7 @@ from typing import Any
 
 from psycopg import sql
 
+from journal.durable_state import DurableStateChange
 from journal.errors import InvalidArgument
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
@@ -138,7 +139,11 @@ class ManagementSql:
         return Statement(self.paused_keys, (name,))
 
     def dead_letters_of(
-        self, name: str, key: str, envelopes: Sequence[EventEnvelope], error: str
+        self,
+        name: str,
+        key: str,
+        envelopes: Sequence[EventEnvelope | DurableStateChange],
+        error: str,
     ) -> list[Statement]:
         """A dead-letter row per envelope, with the error text."""
         return [

@@ -59,6 +59,13 @@ what lets a range with quiet or empty slices resume without re-reading the
 journal from the start. A *start marker* (seq_nr -1) written by
 `set_offset` says "ignore everything of this slice before this timestamp".
 
+**Revisions (durable state).** With `consecutive=False` the numbers are an id's
+durable state revisions (`DurableStateChange.seq_nr`), Akka's rule for
+`changesBySlices`: the query delivers the latest revision of each changed id,
+so a revision at or below the handled one is a duplicate and any higher one is
+accepted. A gap is normal: nothing is looked for and nothing is rejected; ids
+never reset (a deletion keeps its revision).
+
 A range starts from the **earliest** of its slices' latest rows, never the
 latest, so a slice that was behind cannot skip events; events the ahead slices
 already handled come again and are recognised here as duplicates. After a
@@ -180,7 +187,8 @@ class OffsetState:
 
     `reset_after` is `accept_sequence_number_reset_after` (None: off, a seq_nr 1
     at or below the handled one is always a duplicate); `table_outlives_memory`
-    says the table keeps rows `evict` forgets (`delete_after_consumed`).
+    says the table keeps rows `evict` forgets (`delete_after_consumed`);
+    `consecutive=False` validates durable state revisions (gaps are normal).
     """
 
     def __init__(
@@ -190,8 +198,11 @@ class OffsetState:
         *,
         reset_after: timedelta | None = None,
         table_outlives_memory: bool = False,
+        consecutive: bool = True,
     ) -> None:
         self.time_window = time_window
+        # False: revisions of durable state, the latest of each id; gaps are normal.
+        self.consecutive = consecutive
         self.reset_after = reset_after
         # The table keeps rows after `evict` forgets them (delete_after_consumed).
         self.table_outlives_memory = table_outlives_memory
@@ -337,6 +348,8 @@ class OffsetState:
                 # Older than the pid's handled record: of its lifetime (a lower seq_nr),
                 # or of an earlier one, from before a handled tombstone. Never again.
                 return DUPLICATE
+            if not self.consecutive:
+                return DUPLICATE if seq_nr <= handled.seq_nr else ACCEPTED
             if seq_nr <= handled.seq_nr:
                 return ACCEPTED if self._resets(seq_nr, timestamp, handled) else DUPLICATE
             if seq_nr == handled.seq_nr + 1:
@@ -347,6 +360,10 @@ class OffsetState:
             return DUPLICATE  # older than anything this slice still tracks: handled before
         if seq_nr <= 1:
             return ACCEPTED  # a first event, or the tombstone of a reset id
+        if not self.consecutive:
+            if self.trimmed and persistence_id not in self._looked_up:
+                return NEEDS_STORED_OFFSET
+            return ACCEPTED  # a revision: the earlier ones need not have been seen
         if deleted_to is not None and seq_nr - 1 <= deleted_to:
             return ACCEPTED  # the previous events were deleted
         if self.trimmed and persistence_id not in self._looked_up:

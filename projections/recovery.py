@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import attrs
 
+from journal.durable_state import DurableStateChange
 from journal.durations import Duration, name_duration_fields, non_negative, to_timedelta
 from journal.errors import InvalidSettings
 from journal.model import EventEnvelope
@@ -71,7 +72,7 @@ class RecoveryStrategy:
         return 1 if self.on_failure is OnFailure.FAIL else 1 + self.retries
 
 
-def check_decoded(envelopes: Iterable[EventEnvelope]) -> None:
+def check_decoded(envelopes: Iterable[EventEnvelope | DurableStateChange]) -> None:
     """Raise the `DeserializationError` of the first envelope whose event was not decoded."""
     for env in envelopes:
         if env.error is not None:

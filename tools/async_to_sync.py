@@ -72,6 +72,9 @@ NAMES = {
     "Handler": "SyncHandler",
     "GroupedHandler": "SyncGroupedHandler",
     "AtLeastOnceHandler": "SyncAtLeastOnceHandler",
+    "ChangeHandler": "SyncChangeHandler",
+    "GroupedChangeHandler": "SyncGroupedChangeHandler",
+    "AtLeastOnceChangeHandler": "SyncAtLeastOnceChangeHandler",
     "Decide": "SyncDecide",
 }
 UNWRAP = {"Awaitable": 0, "Coroutine": 2}  # keep the type argument at this index

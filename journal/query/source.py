@@ -46,6 +46,12 @@ class RowSource(Protocol, Generic[E]):
         """What the rows are, for messages ("events", "durable state changes")."""
         ...
 
+    @property
+    def consecutive(self) -> bool:
+        """True if an id's seq_nrs come one by one (events: a gap means rows not seen
+        yet); False if only its latest revision is read (durable state: gaps are normal)."""
+        ...
+
     def rows(
         self,
         tables: Tables,
@@ -95,6 +101,7 @@ class EventRows:
     """The journal's events (`EventEnvelope`s)."""
 
     kind: str = "events"
+    consecutive: bool = True
 
     def rows(
         self,
@@ -144,6 +151,7 @@ class StateChangeRows:
     changed id, in the positions of an event's seq_nr."""
 
     kind: str = "durable state changes"
+    consecutive: bool = False
 
     def rows(
         self,

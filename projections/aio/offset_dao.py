@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor
 
+from journal.durable_state import DurableStateChange
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
@@ -104,7 +105,7 @@ async def insert_dead_letters(
     statements: ManagementSql,
     name: str,
     key: str,
-    envelopes: Sequence[EventEnvelope],
+    envelopes: Sequence[EventEnvelope | DurableStateChange],
     error: str,
 ) -> None:
     """One dead-letter row per envelope, on the caller's transaction."""

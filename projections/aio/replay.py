@@ -10,6 +10,9 @@ the other finds it done; a fenced instance proves its lease in the same
 transaction. At-least-once handlers run outside it and the mark follows. A
 replay that fails rolls back and leaves the letter parked with the new error.
 
+Projections over durable state do not replay (`enabled=False`): a letter
+names a revision the store no longer holds once the id moved on.
+
 The replay does not touch the offset store: the letter's event was skipped,
 and its offset stored then, so the projection's position does not move. The
 sync twin is generated from this module.
@@ -45,6 +48,8 @@ class DeadLetterReplayer:
         slice_range: SliceRange,
         mode: Mode,
         handler: Callable[..., Awaitable[None]],
+        *,
+        enabled: bool = True,
     ) -> None:
         self._journal = journal
         self._tables = tables
@@ -53,7 +58,7 @@ class DeadLetterReplayer:
         self._mode = mode
         self._handler = handler
         self._sql = ManagementSql(tables)
-        self._enabled = True
+        self._enabled = enabled
 
     async def run_pending(self, fence: Fence | None, on_error: Callable[[Exception], None]) -> int:
         """Replay every requested letter of the range; the number replayed.

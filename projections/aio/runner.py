@@ -13,6 +13,12 @@ cleanup). Accepted envelopes go to the handler in one of three delivery modes:
 * at-least-once — the handler runs on its own; offsets are saved every N
   envelopes or T ms, so a crash may repeat events but never loses one.
 
+The same three modes run over the durable state's changes
+(`exactly_once_changes`, `grouped_changes`, `at_least_once_changes`): the
+pump reads `DurableStateStore.changes_by_slices` instead of the events, and
+the core validates revisions (`source=STATE_CHANGES`: the latest revision of
+each changed id, gaps normal); the handlers get `DurableStateChange`s.
+
 A pump task (a thread in the sync flavour) moves envelopes from the stream
 into a bounded queue so the consumer can flush batches on time even when the
 stream is quiet. Every instance reports to its telemetry hook
@@ -35,6 +41,7 @@ import attrs
 import psycopg
 from psycopg import AsyncConnection
 
+from journal.aio.durable_state import DurableStateStore
 from journal.aio.flavour import (
     ASYNC,
     CancelledError,
@@ -52,8 +59,11 @@ from journal.aio.journal import Journal
 from journal.aio.notifications import Notifier
 from journal.aio.pool import connect
 from journal.connection import driver_errors, schema_errors
+from journal.durable_state import DurableStateChange
+from journal.errors import InvalidArgument
 from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, TimestampOffset
+from journal.query.source import EVENTS, STATE_CHANGES, RowSource
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
 from projections.aio.core_io import CoreReads
@@ -68,6 +78,7 @@ from projections.aio.replay import DeadLetterReplayer
 from projections.core import (
     Action,
     Commit,
+    Envelope,
     Handle,
     LoadPayload,
     MissingEvents,
@@ -77,6 +88,7 @@ from projections.core import (
     ProjectionStats,
     StoredOffset,
     record_of,
+    wanted,
 )
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
@@ -101,10 +113,17 @@ _FLAVOUR = "async" if ASYNC else "sync"
 Handler = Callable[[AsyncConnection[Any], EventEnvelope], Awaitable[None]]
 GroupedHandler = Callable[[AsyncConnection[Any], list[EventEnvelope]], Awaitable[None]]
 AtLeastOnceHandler = Callable[[EventEnvelope], Awaitable[None]]
+# The handlers of projections over durable state (`exactly_once_changes`, ...).
+ChangeHandler = Callable[[AsyncConnection[Any], DurableStateChange], Awaitable[None]]
+GroupedChangeHandler = Callable[[AsyncConnection[Any], list[DurableStateChange]], Awaitable[None]]
+AtLeastOnceChangeHandler = Callable[[DurableStateChange], Awaitable[None]]
 
 
 __all__ = [
+    "AtLeastOnceChangeHandler",
     "AtLeastOnceHandler",
+    "ChangeHandler",
+    "GroupedChangeHandler",
     "GroupedHandler",
     "Handler",
     "Projection",
@@ -121,7 +140,7 @@ class _StreamEnded:
 
 # Put in the queue by `stop()`, so a consumer waiting for an envelope wakes at once.
 _WAKE = _StreamEnded()
-_Item = EventEnvelope | _StreamEnded
+_Item = EventEnvelope | DurableStateChange | _StreamEnded
 
 
 class Projection:
@@ -141,8 +160,11 @@ class Projection:
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
         filter: EventFilter | None = None,
+        source: RowSource[Any] = EVENTS,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
+        if filter is not None and not source.consecutive:
+            raise InvalidArgument("an EventFilter selects events, not durable state changes")
         check_handler_flavour(handler, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
@@ -161,12 +183,16 @@ class Projection:
         # Only the events the filter lets through reach the handler; the others come as
         # keys (`envelope.filtered`), so the offset store sees every seq_nr of an id.
         self.filter = check_filter(filter)
+        # What the pump reads: the journal's events, or the durable state's changes.
+        self.source = source
+        self._states = None if source.consecutive else DurableStateStore(journal)
         self._reads = CoreReads(
             journal.tables,
             journal.serializers,
             pool=journal.read_pool,
             offsets=self._dao.sql,
             event_filter=self.filter,
+            source=source,
         )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
@@ -182,6 +208,7 @@ class Projection:
             where=f"{self.name} {self.key}",
             log=_log,
             fields=self._fields,
+            source=source,
         )
         self._was_paused = False
         self._fence: Fence | None = None
@@ -192,8 +219,9 @@ class Projection:
         # a fresh one per run, closed (flushed) when the run ends.
         self._commits: Notifier | None = None
         self._replayer = DeadLetterReplayer(
-            journal, self.tables, self.name, self.slice_range, mode, handler
-        )
+            journal, self.tables, self.name, self.slice_range, mode, handler,
+            enabled=source.consecutive,
+        )  # fmt: skip
 
     # -- construction --------------------------------------------------------------
 
@@ -269,6 +297,74 @@ class Projection:
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
                    telemetry=telemetry, filter=filter)  # fmt: skip
+
+    @classmethod
+    def exactly_once_changes(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: ChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> Projection:
+        """Over the durable state (`DurableStateStore.changes_by_slices`):
+        `handler(conn, change)` runs in the transaction that stores the change's offset.
+
+        Each change is the latest revision of an id the query saw: a revision at
+        or below the one handled is a duplicate, a higher one is applied, gaps are
+        normal. A deletion arrives with `deleted=True`. Options as for
+        `exactly_once` (no `filter`: it selects events)."""
+        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+
+    @classmethod
+    def grouped_changes(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: GroupedChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> Projection:
+        """Over the durable state: `handler(conn, changes)` per batch, in the transaction
+        that stores their offsets. Revisions as for `exactly_once_changes`."""
+        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+
+    @classmethod
+    def at_least_once_changes(
+        cls,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: AtLeastOnceChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> Projection:
+        """Over the durable state: `handler(change)` outside any offset transaction,
+        offsets saved periodically. Revisions as for `exactly_once_changes`."""
+        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -349,7 +445,7 @@ class Projection:
                 extra=self._extra("started", mode=self.mode.value),
             )
             tel.started()
-            if tel.samples_backlog:
+            if tel.samples_backlog and self._states is None:  # the backlog counts events
                 sampler = spawn(self._sample_backlog, tel, name=f"backlog {self.key}")
             queue: Queue[_Item] = Queue(self.settings.buffer)
             self._queue = queue
@@ -393,7 +489,19 @@ class Projection:
         self, queue: Queue[_Item], start: TimestampOffset | None, until_caught_up: bool
     ) -> None:
         r = self.slice_range
-        if until_caught_up:
+        stream: AsyncIterator[EventEnvelope] | AsyncIterator[DurableStateChange]
+        if self._states is not None:
+            if until_caught_up:
+                stream = self._states.current_changes_by_slices(
+                    self.entity_type, r.min_slice, r.max_slice, start,
+                    settings=self.query_settings,
+                )  # fmt: skip
+            else:
+                stream = self._states.changes_by_slices(
+                    self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
+                    settings=self.query_settings,
+                )  # fmt: skip
+        elif until_caught_up:
             stream = self.journal.current_events_by_slices(
                 self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,
                 filter=self.filter, filtered_envelopes=True,
@@ -459,7 +567,7 @@ class Projection:
             else:
                 timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
                 item = await queue_get(queue, timeout)
-            if isinstance(item, EventEnvelope):
+            if isinstance(item, EventEnvelope | DurableStateChange):
                 await self._handle(item)
             elif item is not None and item is not _WAKE:
                 if item.error is not None:
@@ -476,7 +584,7 @@ class Projection:
     def _now(self) -> float:
         return time.monotonic()
 
-    async def _handle(self, env: EventEnvelope) -> None:
+    async def _handle(self, env: Envelope) -> None:
         tel = self._tel
         if tel is NO_INSTANCE_TELEMETRY:
             await self._drive(self._core.offer(env, self._now()))
@@ -535,8 +643,8 @@ class Projection:
 
     async def _batch(
         self,
-        envelopes: list[EventEnvelope],
-        call: Callable[[list[EventEnvelope]], Awaitable[None]],
+        envelopes: list[Envelope],
+        call: Callable[[list[Envelope]], Awaitable[None]],
     ) -> bool:
         """`_with_recovery`, reported to the telemetry as one batch (timed only if on)."""
         tel = self._tel
@@ -555,18 +663,18 @@ class Projection:
 
     # -- transactions ---------------------------------------------------------------------------
 
-    async def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
+    async def _call_in_transaction(self, commit: Commit, envelopes: list[Envelope]) -> None:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
-        wanted = [env for env in envelopes if not env.filtered]
+        handled = wanted(envelopes)
         async with self.journal.pool.connection() as conn, self._round_trips(conn):
             if self._fence is not None:
                 await conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
-                if wanted:
-                    await self._handler(conn, wanted)
+                if handled:
+                    await self._handler(conn, handled)
             else:
-                for env in wanted:
+                for env in handled:
                     await self._handler(conn, env)
             await self._dao.save(conn, self.key, commit.records, self._fence)
 
@@ -595,16 +703,15 @@ class Projection:
             _log.error("%s", failure, extra=self._extra("failed", error=str(failure)))
             raise failure from error
 
-    async def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
+    async def _call_at_least_once(self, envelopes: list[Envelope]) -> None:
         check_decoded(envelopes)
-        for env in envelopes:
-            if not env.filtered:
-                await self._handler(env)
+        for env in wanted(envelopes):
+            await self._handler(env)
 
     async def _with_recovery(
         self,
-        envelopes: list[EventEnvelope],
-        call: Callable[[list[EventEnvelope]], Awaitable[None]],
+        envelopes: list[Envelope],
+        call: Callable[[list[Envelope]], Awaitable[None]],
     ) -> bool:
         """Run `call` with the recovery strategy; True if the envelopes were dead-lettered."""
         strategy = self.recovery
@@ -641,7 +748,7 @@ class Projection:
                 ) from error
         raise AssertionError("unreachable: at least one attempt")  # pragma: no cover
 
-    async def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
+    async def _dead_letter(self, envelopes: list[Envelope], error: Exception) -> None:
         """The dead-letter rows and (exactly-once, grouped) the offsets, in one transaction."""
         text = f"{type(error).__name__}: {error}"
         try:

@@ -35,6 +35,7 @@ from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
 from journal.filter import EventFilter
+from journal.model import EventEnvelope
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
@@ -209,7 +210,9 @@ class _PartitionRun:
         while (action := self.reads.drive(core, action)) is not None:
             if isinstance(action, Commit) and action.envelopes:
                 check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
-                wanted = [e for e in action.envelopes if not e.filtered]
+                wanted = [
+                    e for e in action.envelopes if isinstance(e, EventEnvelope) and not e.filtered
+                ]
                 if wanted:  # a filtered-out event: its offset only
                     self.applier.handler(conn, wanted)
             elif not isinstance(action, Commit | SaveOffsets):  # Handle: never from grouped

@@ -9,7 +9,9 @@ accepted only when the journal shows it deleted), an event's payload.
 Every runner answers them here — the in-process runners from the
 journal's read pool, the Spark sink on its partition's own (fenced)
 connection through the generated sync twin — with the journal's own
-statements, so no runner carries a copy of this SQL.
+statements, so no runner carries a copy of this SQL. A projection over
+durable state (`source=STATE_CHANGES`) asks only for stored offsets and
+payloads; a payload is the id's current state (`DurableStateSql.select`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from journal.durable_state import row_to_change
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.query import sql as q
+from journal.query.source import EVENTS, RowSource
+from journal.query.state_sql import DurableStateSql
 from journal.rows import row_to_envelope
 from journal.serialization import SerializerRegistry
 from journal.tables import Tables
@@ -57,9 +62,11 @@ def reply_to(
     request: Read,
     offsets: OffsetSql | None = None,
     event_filter: EventFilter | None = None,
+    source: RowSource[Any] = EVENTS,
 ) -> Any:
     """The reply `ProjectionCore.answer` expects for `request`, read on `conn`
-    (`offsets`: the projection's offset statements, for a `StoredOffset`)."""
+    (`offsets`: the projection's offset statements, for a `StoredOffset`; `source`:
+    what the projection reads, whose payloads a `LoadPayload` loads)."""
     pid = request.persistence_id
     if isinstance(request, StoredOffset):
         assert offsets is not None, "a StoredOffset needs the projection's OffsetSql"
@@ -87,6 +94,11 @@ def reply_to(
         complete = len(events) == params["limit"]
         deleted_to = 0 if complete else _deleted_to(conn, tables, pid, request.from_seq_nr)
         return GapFill(events, deleted_to)
+    if not source.consecutive:
+        # Durable state: the id's current revision, which may be newer than the one asked.
+        cur = conn.execute(DurableStateSql.of(tables).select, (pid,))
+        row = cur.fetchone()
+        return None if row is None else row_to_change(registry, pid, row, source="load")
     cur = conn.execute(q.one_event(tables), (pid, request.seq_nr))
     row = cur.fetchone()
     found: EventEnvelope | None = (
@@ -108,8 +120,10 @@ class CoreReads:
         conn: Connection[Any] | None = None,
         offsets: OffsetSql | None = None,
         event_filter: EventFilter | None = None,
+        source: RowSource[Any] = EVENTS,
     ) -> None:
         self._tables = tables
+        self._source = source
         self._registry = registry
         self._pool = pool
         self._conn = conn
@@ -121,13 +135,15 @@ class CoreReads:
         """Read what `request` asks for."""
         if self._conn is not None:
             return reply_to(
-                self._conn, self._tables, self._registry, request, self._offsets, self._filter
-            )
+                self._conn, self._tables, self._registry, request, self._offsets, self._filter,
+                self._source,
+            )  # fmt: skip
         assert self._pool is not None, "CoreReads needs a pool or a connection"
         with self._pool.connection() as conn:
             return reply_to(
-                conn, self._tables, self._registry, request, self._offsets, self._filter
-            )
+                conn, self._tables, self._registry, request, self._offsets, self._filter,
+                self._source,
+            )  # fmt: skip
 
     def drive(
         self, core: ProjectionCore, action: Action | None

@@ -12,6 +12,9 @@ the other finds it done; a fenced instance proves its lease in the same
 transaction. At-least-once handlers run outside it and the mark follows. A
 replay that fails rolls back and leaves the letter parked with the new error.
 
+Projections over durable state do not replay (`enabled=False`): a letter
+names a revision the store no longer holds once the id moved on.
+
 The replay does not touch the offset store: the letter's event was skipped,
 and its offset stored then, so the projection's position does not move. The
 sync twin is generated from this module.
@@ -47,6 +50,8 @@ class DeadLetterReplayer:
         slice_range: SliceRange,
         mode: Mode,
         handler: Callable[..., None],
+        *,
+        enabled: bool = True,
     ) -> None:
         self._journal = journal
         self._tables = tables
@@ -55,7 +60,7 @@ class DeadLetterReplayer:
         self._mode = mode
         self._handler = handler
         self._sql = ManagementSql(tables)
-        self._enabled = True
+        self._enabled = enabled
 
     def run_pending(self, fence: Fence | None, on_error: Callable[[Exception], None]) -> int:
         """Replay every requested letter of the range; the number replayed.

@@ -15,6 +15,12 @@ cleanup). Accepted envelopes go to the handler in one of three delivery modes:
 * at-least-once — the handler runs on its own; offsets are saved every N
   envelopes or T ms, so a crash may repeat events but never loses one.
 
+The same three modes run over the durable state's changes
+(`exactly_once_changes`, `grouped_changes`, `at_least_once_changes`): the
+pump reads `SyncDurableStateStore.changes_by_slices` instead of the events, and
+the core validates revisions (`source=STATE_CHANGES`: the latest revision of
+each changed id, gaps normal); the handlers get `DurableStateChange`s.
+
 A pump task (a thread in the sync flavour) moves envelopes from the stream
 into a bounded queue so the consumer can flush batches on time even when the
 stream is quiet. Every instance reports to its telemetry hook
@@ -38,10 +44,14 @@ import psycopg
 from psycopg import Connection
 
 from journal.connection import driver_errors, schema_errors
+from journal.durable_state import DurableStateChange
+from journal.errors import InvalidArgument
 from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, TimestampOffset
+from journal.query.source import EVENTS, STATE_CHANGES, RowSource
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
+from journal.sync.durable_state import SyncDurableStateStore
 from journal.sync.flavour import (
     ASYNC,
     CancelledError,
@@ -61,6 +71,7 @@ from journal.sync.pool import connect
 from projections.core import (
     Action,
     Commit,
+    Envelope,
     Handle,
     LoadPayload,
     MissingEvents,
@@ -70,6 +81,7 @@ from projections.core import (
     ProjectionStats,
     StoredOffset,
     record_of,
+    wanted,
 )
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
@@ -103,11 +115,18 @@ _FLAVOUR = "async" if ASYNC else "sync"
 SyncHandler = Callable[[Connection[Any], EventEnvelope], None]
 SyncGroupedHandler = Callable[[Connection[Any], list[EventEnvelope]], None]
 SyncAtLeastOnceHandler = Callable[[EventEnvelope], None]
+# The handlers of projections over durable state (`exactly_once_changes`, ...).
+SyncChangeHandler = Callable[[Connection[Any], DurableStateChange], None]
+SyncGroupedChangeHandler = Callable[[Connection[Any], list[DurableStateChange]], None]
+SyncAtLeastOnceChangeHandler = Callable[[DurableStateChange], None]
 
 
 __all__ = [
     "ProjectionError",
+    "SyncAtLeastOnceChangeHandler",
     "SyncAtLeastOnceHandler",
+    "SyncChangeHandler",
+    "SyncGroupedChangeHandler",
     "SyncGroupedHandler",
     "SyncHandler",
     "SyncProjection",
@@ -123,7 +142,7 @@ class _StreamEnded:
 
 # Put in the queue by `stop()`, so a consumer waiting for an envelope wakes at once.
 _WAKE = _StreamEnded()
-_Item = EventEnvelope | _StreamEnded
+_Item = EventEnvelope | DurableStateChange | _StreamEnded
 
 
 class SyncProjection:
@@ -143,8 +162,11 @@ class SyncProjection:
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
         filter: EventFilter | None = None,
+        source: RowSource[Any] = EVENTS,
     ) -> None:
         instance = check_instance(name, entity_type, slice_range, handler)
+        if filter is not None and not source.consecutive:
+            raise InvalidArgument("an EventFilter selects events, not durable state changes")
         check_handler_flavour(handler, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
@@ -163,12 +185,16 @@ class SyncProjection:
         # Only the events the filter lets through reach the handler; the others come as
         # keys (`envelope.filtered`), so the offset store sees every seq_nr of an id.
         self.filter = check_filter(filter)
+        # What the pump reads: the journal's events, or the durable state's changes.
+        self.source = source
+        self._states = None if source.consecutive else SyncDurableStateStore(journal)
         self._reads = CoreReads(
             journal.tables,
             journal.serializers,
             pool=journal.read_pool,
             offsets=self._dao.sql,
             event_filter=self.filter,
+            source=source,
         )
         self._stop = Event()
         self._queue: Queue[_Item] | None = None
@@ -184,6 +210,7 @@ class SyncProjection:
             where=f"{self.name} {self.key}",
             log=_log,
             fields=self._fields,
+            source=source,
         )
         self._was_paused = False
         self._fence: Fence | None = None
@@ -194,8 +221,9 @@ class SyncProjection:
         # a fresh one per run, closed (flushed) when the run ends.
         self._commits: Notifier | None = None
         self._replayer = DeadLetterReplayer(
-            journal, self.tables, self.name, self.slice_range, mode, handler
-        )
+            journal, self.tables, self.name, self.slice_range, mode, handler,
+            enabled=source.consecutive,
+        )  # fmt: skip
 
     # -- construction --------------------------------------------------------------
 
@@ -271,6 +299,74 @@ class SyncProjection:
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
                    telemetry=telemetry, filter=filter)  # fmt: skip
+
+    @classmethod
+    def exactly_once_changes(
+        cls,
+        journal: SyncJournal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: SyncChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> SyncProjection:
+        """Over the durable state (`SyncDurableStateStore.changes_by_slices`):
+        `handler(conn, change)` runs in the transaction that stores the change's offset.
+
+        Each change is the latest revision of an id the query saw: a revision at
+        or below the one handled is a duplicate, a higher one is applied, gaps are
+        normal. A deletion arrives with `deleted=True`. Options as for
+        `exactly_once` (no `filter`: it selects events)."""
+        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+
+    @classmethod
+    def grouped_changes(
+        cls,
+        journal: SyncJournal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: SyncGroupedChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> SyncProjection:
+        """Over the durable state: `handler(conn, changes)` per batch, in the transaction
+        that stores their offsets. Revisions as for `exactly_once_changes`."""
+        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+
+    @classmethod
+    def at_least_once_changes(
+        cls,
+        journal: SyncJournal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        handler: SyncAtLeastOnceChangeHandler,
+        settings: ProjectionSettings | None = None,
+        recovery: RecoveryStrategy | None = None,
+        query_settings: QuerySettings | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> SyncProjection:
+        """Over the durable state: `handler(change)` outside any offset transaction,
+        offsets saved periodically. Revisions as for `exactly_once_changes`."""
+        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                   entity_type=entity_type, slice_range=slice_range,
+                   settings=settings, recovery=recovery, query_settings=query_settings,
+                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -349,7 +445,7 @@ class SyncProjection:
                 extra=self._extra("started", mode=self.mode.value),
             )
             tel.started()
-            if tel.samples_backlog:
+            if tel.samples_backlog and self._states is None:  # the backlog counts events
                 sampler = spawn(self._sample_backlog, tel, name=f"backlog {self.key}")
             queue: Queue[_Item] = Queue(self.settings.buffer)
             self._queue = queue
@@ -393,7 +489,19 @@ class SyncProjection:
         self, queue: Queue[_Item], start: TimestampOffset | None, until_caught_up: bool
     ) -> None:
         r = self.slice_range
-        if until_caught_up:
+        stream: Iterator[EventEnvelope] | Iterator[DurableStateChange]
+        if self._states is not None:
+            if until_caught_up:
+                stream = self._states.current_changes_by_slices(
+                    self.entity_type, r.min_slice, r.max_slice, start,
+                    settings=self.query_settings,
+                )  # fmt: skip
+            else:
+                stream = self._states.changes_by_slices(
+                    self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
+                    settings=self.query_settings,
+                )  # fmt: skip
+        elif until_caught_up:
             stream = self.journal.current_events_by_slices(
                 self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,
                 filter=self.filter, filtered_envelopes=True,
@@ -459,7 +567,7 @@ class SyncProjection:
             else:
                 timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
                 item = queue_get(queue, timeout)
-            if isinstance(item, EventEnvelope):
+            if isinstance(item, EventEnvelope | DurableStateChange):
                 self._handle(item)
             elif item is not None and item is not _WAKE:
                 if item.error is not None:
@@ -476,7 +584,7 @@ class SyncProjection:
     def _now(self) -> float:
         return time.monotonic()
 
-    def _handle(self, env: EventEnvelope) -> None:
+    def _handle(self, env: Envelope) -> None:
         tel = self._tel
         if tel is NO_INSTANCE_TELEMETRY:
             self._drive(self._core.offer(env, self._now()))
@@ -535,8 +643,8 @@ class SyncProjection:
 
     def _batch(
         self,
-        envelopes: list[EventEnvelope],
-        call: Callable[[list[EventEnvelope]], None],
+        envelopes: list[Envelope],
+        call: Callable[[list[Envelope]], None],
     ) -> bool:
         """`_with_recovery`, reported to the telemetry as one batch (timed only if on)."""
         tel = self._tel
@@ -555,18 +663,18 @@ class SyncProjection:
 
     # -- transactions ---------------------------------------------------------------------------
 
-    def _call_in_transaction(self, commit: Commit, envelopes: list[EventEnvelope]) -> None:
+    def _call_in_transaction(self, commit: Commit, envelopes: list[Envelope]) -> None:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
-        wanted = [env for env in envelopes if not env.filtered]
+        handled = wanted(envelopes)
         with self.journal.pool.connection() as conn, self._round_trips(conn):
             if self._fence is not None:
                 conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
-                if wanted:
-                    self._handler(conn, wanted)
+                if handled:
+                    self._handler(conn, handled)
             else:
-                for env in wanted:
+                for env in handled:
                     self._handler(conn, env)
             self._dao.save(conn, self.key, commit.records, self._fence)
 
@@ -593,16 +701,15 @@ class SyncProjection:
             _log.error("%s", failure, extra=self._extra("failed", error=str(failure)))
             raise failure from error
 
-    def _call_at_least_once(self, envelopes: list[EventEnvelope]) -> None:
+    def _call_at_least_once(self, envelopes: list[Envelope]) -> None:
         check_decoded(envelopes)
-        for env in envelopes:
-            if not env.filtered:
-                self._handler(env)
+        for env in wanted(envelopes):
+            self._handler(env)
 
     def _with_recovery(
         self,
-        envelopes: list[EventEnvelope],
-        call: Callable[[list[EventEnvelope]], None],
+        envelopes: list[Envelope],
+        call: Callable[[list[Envelope]], None],
     ) -> bool:
         """Run `call` with the recovery strategy; True if the envelopes were dead-lettered."""
         strategy = self.recovery
@@ -639,7 +746,7 @@ class SyncProjection:
                 ) from error
         raise AssertionError("unreachable: at least one attempt")  # pragma: no cover
 
-    def _dead_letter(self, envelopes: list[EventEnvelope], error: Exception) -> None:
+    def _dead_letter(self, envelopes: list[Envelope], error: Exception) -> None:
         """The dead-letter rows and (exactly-once, grouped) the offsets, in one transaction."""
         text = f"{type(error).__name__}: {error}"
         try:
