@@ -83,7 +83,7 @@ class DeadLetterReplayer:
             return 0
         replayed = 0
         for pid, seq_nr in pending:
-            envelope = await self._event(pid, seq_nr)
+            envelope = await self._journal.load_envelope(pid, seq_nr)
             try:
                 if envelope is None:
                     raise LookupError("the event is no longer in the journal (deleted)")
@@ -93,11 +93,6 @@ class DeadLetterReplayer:
                 on_error(error)
                 await self._failed(pid, seq_nr, error)
         return replayed
-
-    async def _event(self, pid: str, seq_nr: int) -> EventEnvelope | None:
-        async for env in self._journal.current_events_by_persistence_id(pid, seq_nr, seq_nr):
-            return env
-        return None
 
     async def _replay(self, env: EventEnvelope, fence: Fence | None) -> int:
         key = (self._name, env.persistence_id, env.seq_nr)

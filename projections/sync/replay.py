@@ -85,7 +85,7 @@ class DeadLetterReplayer:
             return 0
         replayed = 0
         for pid, seq_nr in pending:
-            envelope = self._event(pid, seq_nr)
+            envelope = self._journal.load_envelope(pid, seq_nr)
             try:
                 if envelope is None:
                     raise LookupError("the event is no longer in the journal (deleted)")
@@ -95,11 +95,6 @@ class DeadLetterReplayer:
                 on_error(error)
                 self._failed(pid, seq_nr, error)
         return replayed
-
-    def _event(self, pid: str, seq_nr: int) -> EventEnvelope | None:
-        for env in self._journal.current_events_by_persistence_id(pid, seq_nr, seq_nr):
-            return env
-        return None
 
     def _replay(self, env: EventEnvelope, fence: Fence | None) -> int:
         key = (self._name, env.persistence_id, env.seq_nr)
