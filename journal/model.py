@@ -7,10 +7,10 @@ mutating what another part is still reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -20,40 +20,48 @@ EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _freeze_seen(value: Mapping[str, int] | None) -> Mapping[str, int]:
-    # A read-only view is taken as it is: the slice query builds a fresh one per
-    # row on its hot path, and copying it again would cost a dict per event.
+    # A read-only view is taken as it is: copying it again would cost a dict.
     if isinstance(value, MappingProxyType):
         return value
     return MappingProxyType(dict(value or {}))
 
 
-def _slot_setter(cls: type, *, check: tuple[str, ...] = ()) -> Any:
-    """A function that builds an instance of the frozen, slotted attrs class `cls`
-    from all its fields, positionally, in definition order.
+class _Unordered:
+    """Keeps a tuple-backed value from being ordered as a tuple.
 
-    For the hot paths only (the slice query makes an offset and an envelope per
-    event): it stores each value through the field's slot descriptor, as the
-    `__init__` attrs generates does through `object.__setattr__`, without that
-    method's attribute lookup per field (about a third of the cost of building
-    an envelope). The class must have no converters or validators, except on
-    the fields in `check`, whose values the caller guarantees to be converted
-    already; the values are taken as given.
+    The offset and the envelope are tuples underneath for speed (see
+    `TimestampOffset`), but comparing two of them field by field means nothing
+    (and would fail on `seen`); `<` raises `TypeError` as for any unordered value.
     """
-    fields = attrs.fields(cls)
-    for f in fields:
-        if (f.converter is not None or f.validator is not None) and f.name not in check:
-            raise TypeError(f"{cls.__qualname__}.{f.name} needs its converter or validator")
-    names = [f.name for f in fields]
-    setters = {f"_set_{n}": getattr(cls, n).__set__ for n in names}
-    body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
-    source = (
-        f"def build({', '.join(names)}, *, _new=_new, _cls=_cls, "
-        f"{', '.join(f'{k}={k}' for k in setters)}):\n"
-        f"    self = _new(_cls)\n{body}    return self\n"
+
+    __slots__ = ()
+
+    def __lt__(self, other: object) -> bool:
+        return NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return NotImplemented
+
+
+def _attrs_compatible(cls: Any, fields: tuple[str, ...], defaults: dict[str, Any]) -> None:
+    """Give a tuple-backed value the `__attrs_attrs__` that `attrs.evolve`, `attrs.asdict`
+    and `attrs.fields` read, so code written when it was an attrs class keeps working."""
+
+    spec = attrs.make_class(
+        cls.__name__,
+        {
+            name: attrs.field(default=defaults[name]) if name in defaults else attrs.field()
+            for name in fields
+        },
+        frozen=True,
     )
-    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **setters}
-    exec(source, namespace)  # generated from the class's own field names
-    return namespace["build"]
+    cls.__attrs_attrs__ = attrs.fields(spec)
 
 
 class _Marker:
@@ -86,24 +94,57 @@ FILTERED_MANIFEST: Final = "slicejournal.filtered"
 FILTERED_SER_ID: Final = TOMBSTONE_SER_ID  # the row decoder tells them by manifest
 
 
-@attrs.frozen
-class TimestampOffset:
+class _OffsetFields(NamedTuple):
+    timestamp: datetime
+    read_timestamp: datetime
+    seen: Mapping[str, int]
+
+
+class TimestampOffset(_Unordered, _OffsetFields):
     """Where a slice query is: a database timestamp plus the events already seen *at* it.
 
     `seen` maps persistence id to the highest seq_nr emitted at exactly
     `timestamp`, so restarting from this offset neither repeats those events nor
     skips others that share the timestamp. `read_timestamp` is the database time
     at which the row was read (used for lag figures).
+
+    An immutable value: equal offsets are equal whatever built them, the hash
+    leaves out `seen`, and `attrs.evolve` or `_replace` make a changed copy. It is
+    a tuple underneath, because a catch-up makes one per event and a tuple is
+    built several times faster than any other immutable object in Python;
+    treat it as a value with named fields, not as a sequence.
     """
 
-    timestamp: datetime
-    read_timestamp: datetime = EPOCH
-    seen: Mapping[str, int] = attrs.field(factory=dict, converter=_freeze_seen, hash=False)
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        timestamp: datetime,
+        read_timestamp: datetime = EPOCH,
+        seen: Mapping[str, int] | None = None,
+    ) -> TimestampOffset:
+        return tuple.__new__(cls, (timestamp, read_timestamp, _freeze_seen(seen)))
+
+    def __hash__(self) -> int:
+        return hash((self.timestamp, self.read_timestamp))
+
+    def __repr__(self) -> str:
+        return (
+            f"TimestampOffset(timestamp={self.timestamp!r}, "
+            f"read_timestamp={self.read_timestamp!r}, seen={dict(self.seen)!r})"
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # `seen` is a read-only view, which pickle cannot copy; offsets travel to
         # worker processes and Spark executors, so they pickle as plain values.
         return (TimestampOffset, (self.timestamp, self.read_timestamp, dict(self.seen)))
+
+    def _replace(self, **changes: Any) -> TimestampOffset:
+        fields = self._asdict()
+        fields.update(changes)
+        return TimestampOffset(**fields)
+
+    __replace__ = _replace  # copy.replace (Python 3.13)
 
     @classmethod
     def zero(cls) -> TimestampOffset:
@@ -111,11 +152,18 @@ class TimestampOffset:
         return cls(EPOCH, EPOCH, {})
 
 
-# TimestampOffset(timestamp, read_timestamp, seen) for a `seen` that is already a
-# read-only view (the converter would take it as it is), without the converter call.
-new_offset: Callable[[datetime, datetime, MappingProxyType[str, int]], TimestampOffset] = (
-    _slot_setter(TimestampOffset, check=("seen",))
-)
+_attrs_compatible(TimestampOffset, _OffsetFields._fields, {"read_timestamp": EPOCH, "seen": None})
+
+
+def new_offset(
+    timestamp: datetime, read_timestamp: datetime, seen: MappingProxyType[str, int]
+) -> TimestampOffset:
+    """TimestampOffset(timestamp, read_timestamp, seen) for a `seen` that is already a
+    read-only view (the hot path's; see `journal.query.scan`)."""
+    return _new_tuple(TimestampOffset, (timestamp, read_timestamp, seen))
+
+
+_new_tuple: Final = tuple.__new__
 
 
 @attrs.frozen
@@ -127,24 +175,7 @@ class SerializedPayload:
     payload: bytes
 
 
-@attrs.frozen
-class EventEnvelope:
-    """One event as read from the journal, with where it sits in it.
-
-    `event` is `NOT_LOADED` for envelopes from backtracking queries (which skip
-    the payload); `Journal.load_envelope` fetches it. It is `UNDECODABLE` when
-    the payload or metadata could not be decoded (say, a serializer id a JVM
-    service wrote that is not registered here): `error` then holds the
-    `DeserializationError`, naming the event, so a stream goes on and the
-    reader decides; projections hand it to their recovery strategy, and
-    `decoded_event()` raises it. `source` tells which kind
-    of query produced the envelope: "query", "backtracking", "persistence_id",
-    "append" or, for idle progress markers, "heartbeat". `deleted` marks the
-    tombstone `Journal.delete_all` leaves: the id was erased, `event` is None.
-    `event` is `FILTERED` for an event a stream's `EventFilter` left out (see
-    `filtered`).
-    """
-
+class _EnvelopeFields(NamedTuple):
     persistence_id: str
     entity_type: str
     slice: int
@@ -160,6 +191,44 @@ class EventEnvelope:
     source: str = "query"
     error: DeserializationError | None = None
     deleted: bool = False
+
+
+class EventEnvelope(_Unordered, _EnvelopeFields):
+    """One event as read from the journal, with where it sits in it.
+
+    `event` is `NOT_LOADED` for envelopes from backtracking queries (which skip
+    the payload); `Journal.load_envelope` fetches it. It is `UNDECODABLE` when
+    the payload or metadata could not be decoded (say, a serializer id a JVM
+    service wrote that is not registered here): `error` then holds the
+    `DeserializationError`, naming the event, so a stream goes on and the
+    reader decides; projections hand it to their recovery strategy, and
+    `decoded_event()` raises it. `source` tells which kind
+    of query produced the envelope: "query", "backtracking", "persistence_id",
+    "append" or, for idle progress markers, "heartbeat". `deleted` marks the
+    tombstone `Journal.delete_all` leaves: the id was erased, `event` is None.
+    `event` is `FILTERED` for an event a stream's `EventFilter` left out (see
+    `filtered`).
+
+    An immutable value with named fields (`attrs.evolve` or `_replace` make a
+    changed copy). Like `TimestampOffset` it is a tuple underneath, because a
+    catch-up builds one per event.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
+        return f"EventEnvelope({fields})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EventEnvelope, tuple(self))
+
+    def _replace(self, **changes: Any) -> EventEnvelope:
+        fields = self._asdict()
+        fields.update(changes)
+        return EventEnvelope(**fields)
+
+    __replace__ = _replace  # copy.replace (Python 3.13)
 
     def decoded_event(self) -> Any:
         """The event, or raise the `DeserializationError` that kept it from being decoded."""
@@ -185,12 +254,36 @@ class EventEnvelope:
         return self.source == "heartbeat"
 
 
-# EventEnvelope(...) with every field given positionally, in order: the row decoder's.
-new_envelope: Callable[
-    [str, str, int, int, datetime, Any, int | None, str, tuple[str, ...], Any, str,
-     TimestampOffset | None, str, DeserializationError | None, bool],
+_attrs_compatible(
     EventEnvelope,
-] = _slot_setter(EventEnvelope)  # fmt: skip
+    _EnvelopeFields._fields,
+    {k: v for k, v in _EnvelopeFields._field_defaults.items()},
+)
+
+
+def new_envelope(
+    persistence_id: str,
+    entity_type: str,
+    slice_: int,
+    seq_nr: int,
+    db_timestamp: datetime,
+    event: Any,
+    serializer_id: int | None,
+    serializer_manifest: str,
+    tags: tuple[str, ...],
+    metadata: Any,
+    writer: str,
+    offset: TimestampOffset | None,
+    source: str,
+    error: DeserializationError | None,
+    deleted: bool,
+) -> EventEnvelope:
+    """EventEnvelope(...) with every field given positionally, in order."""
+    return _new_tuple(
+        EventEnvelope,
+        (persistence_id, entity_type, slice_, seq_nr, db_timestamp, event, serializer_id,
+         serializer_manifest, tags, metadata, writer, offset, source, error, deleted),
+    )  # fmt: skip
 
 
 def heartbeat_envelope(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:

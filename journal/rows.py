@@ -9,7 +9,7 @@ slice-query state machine can use the column positions on a Spark executor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from journal.errors import DeserializationError
@@ -110,7 +110,7 @@ def row_to_envelope(
     offset: TimestampOffset | None = None,
 ) -> EventEnvelope:
     """Decode one row (selected with `envelope_columns`) into an `EventEnvelope`."""
-    return rows_to_envelopes(((row, offset),), registry, source=source)[0]
+    return next(iter_envelopes(((row, offset),), registry, source=source))
 
 
 def rows_to_envelopes(
@@ -119,17 +119,34 @@ def rows_to_envelopes(
     *,
     source: str,
 ) -> list[EventEnvelope]:
-    """Decode rows (selected with `envelope_columns`), each with its offset, into envelopes.
+    """Decode rows (selected with `envelope_columns`), each with its offset, into envelopes."""
+    return list(iter_envelopes(rows, registry, source=source))
 
-    The one decoder of rows: `row_to_envelope` is this for a single row, and the
-    slice query runs it over each fetched batch. A payload is decoded with the
-    registry's decoder for its serializer id and manifest, looked up once per
-    batch and pair; if that fails (or the row has metadata), `decode_payloads`
+
+def iter_envelopes(
+    rows: Iterable[tuple[Row, TimestampOffset | None]],
+    registry: SerializerRegistry,
+    *,
+    source: str,
+    skip_filtered: bool = False,
+) -> Iterator[EventEnvelope]:
+    """Decode rows (selected with `envelope_columns`), each with its offset, into envelopes,
+    one at a time; `skip_filtered` leaves out the rows an `EventFilter` left out.
+
+    The one decoder of rows: `rows_to_envelopes` and `row_to_envelope` run it, and
+    the slice query runs it over each fetched batch. It yields instead of building
+    a list so that an envelope the consumer is done with is freed before the next
+    is built: a batch of envelopes alive at once would all be promoted by the
+    garbage collector, whose passes over them cost a catch-up about 1 us an event.
+    A payload is decoded with the registry's decoder for its serializer id and
+    manifest, looked up once per call and pair (and not at all while the pair stays
+    the one of the row before); if that fails (or the row has metadata), `decode_payloads`
     decodes the row and carries the `DeserializationError` naming the event.
     """
     decoders: dict[tuple[int, str], Callable[[bytes], Any] | None] = {}
-    envelopes: list[EventEnvelope] = []
-    append = envelopes.append
+    last_ser_id: int | None = None
+    last_manifest: str | None = None
+    last_decode: Callable[[bytes], Any] | None = None
     for row, offset in rows:
         (
             pid,
@@ -148,30 +165,31 @@ def rows_to_envelopes(
         ) = row[:ROW_WIDTH]
         if ser_id == TOMBSTONE_SER_ID:  # 0: a tombstone or a filtered-out row, or neither
             if manifest == TOMBSTONE_MANIFEST:
-                append(
-                    tombstone_envelope(
-                        pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
-                    )
+                yield tombstone_envelope(
+                    pid, entity_type, slice_, seq_nr, db_timestamp, writer, offset, source
                 )
                 continue
             if manifest == FILTERED_MANIFEST:  # `envelope_columns(matched=...)`: key only
-                append(
-                    new_envelope(
+                if not skip_filtered:
+                    yield new_envelope(
                         pid, entity_type, slice_, seq_nr, db_timestamp, FILTERED, None,
                         FILTERED_MANIFEST, (), None, writer, offset, source, None, False,
-                    )
-                )  # fmt: skip
+                    )  # fmt: skip
                 continue
         event: Any = NOT_LOADED
         metadata: Any = None
         error: DeserializationError | None = None
         decode: Callable[[bytes], Any] | None = None
         if payload is not None and meta_payload is None:
-            key = (ser_id, manifest)
-            if key in decoders:
-                decode = decoders[key]
+            if ser_id == last_ser_id and manifest == last_manifest:
+                decode = last_decode
             else:
-                decode = decoders[key] = registry.decoder(ser_id, manifest)
+                key = (ser_id, manifest)
+                if key in decoders:
+                    decode = decoders[key]
+                else:
+                    decode = decoders[key] = registry.decoder(ser_id, manifest)
+                last_ser_id, last_manifest, last_decode = ser_id, manifest, decode
         if decode is not None:
             try:
                 event = decode(payload)
@@ -182,9 +200,12 @@ def rows_to_envelopes(
                 registry, pid, seq_nr, ser_id, manifest, payload,
                 meta_ser_id, meta_manifest, meta_payload,
             )  # fmt: skip
-        envelope = new_envelope(
-            pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
-            tuple(tags) if tags else (), metadata, writer, offset, source, error, False,
+        # `new_envelope` without its call: this runs once for every event read.
+        yield _new(
+            EventEnvelope,
+            (pid, entity_type, slice_, seq_nr, db_timestamp, event, ser_id, manifest,
+             tuple(tags) if tags else (), metadata, writer, offset, source, error, False),
         )  # fmt: skip
-        append(envelope)
-    return envelopes
+
+
+_new = tuple.__new__

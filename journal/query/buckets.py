@@ -2,9 +2,9 @@
 
 Far behind the tail, `ORDER BY db_timestamp` over everything after the offset
 would sort the rest of the journal on every poll. Counts per 10-second bucket
-give an upper timestamp that bounds each scan to about `buffer_size` rows (at
-least one bucket); such a bounded chunk is streamed without LIMIT, so each row
-is sorted once. This module holds what the query knows about those counts and
+give an upper timestamp that bounds each scan to about `CHUNK_BUFFERS` times
+`buffer_size` rows (at least one bucket); such a bounded chunk is streamed
+without LIMIT, `buffer_size` rows per fetch, so each row is sorted once. This module holds what the query knows about those counts and
 what it derives from them; at the tail, where a LIMIT query touches few rows
 anyway, it asks for none.
 """
@@ -19,6 +19,12 @@ import attrs
 from journal.model import EPOCH
 
 BUCKET_SECONDS = 10
+# Buffers per bounded chunk. Each chunk is one statement that visits every slice
+# of the range in the index and sorts what it finds, so its fixed cost is spread
+# over more rows the larger it is: at one buffer (1,000 rows) a 200k-event
+# catch-up ran 124 chunks at 3.5 us an event of fetching, at 8 buffers 31 chunks
+# at 2.8 us. 8,000 rows of about 160 bytes still sort in the default work_mem.
+CHUNK_BUFFERS = 8
 
 
 def bucket_start(ts: datetime) -> int:
@@ -80,7 +86,7 @@ class BucketTracker:
         return EPOCH + timedelta(seconds=end)
 
     def bound(self, scan_from: datetime) -> datetime | None:
-        """End of the first bucket where rows from `scan_from` reach buffer_size.
+        """End of the first bucket where rows from `scan_from` reach the chunk size.
 
         If the counts were cut off (by the window or `limit`) before reaching
         it, the end of the last counted bucket still bounds the scan.
@@ -94,7 +100,7 @@ class BucketTracker:
             if bucket.start < first:
                 continue
             total += bucket.count
-            if total >= self.buffer_size:
+            if total >= self.buffer_size * CHUNK_BUFFERS:
                 return bucket.end
             last = bucket
         if self.counts.complete or last is None:

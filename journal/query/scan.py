@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from journal.model import TimestampOffset, new_offset
+from journal.model import TimestampOffset
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
 
 
@@ -27,11 +27,17 @@ def offset_after(
     Rows arrive ordered by timestamp; at the offset's own timestamp, `seen`
     tells which (pid, seq_nr) were already emitted there.
     """
-    if ts > offset.timestamp:
-        return new_offset(ts, read_timestamp, MappingProxyType({pid: seq_nr}))
-    if ts < offset.timestamp or offset.seen.get(pid, 0) >= seq_nr:
+    timestamp, _, seen = offset
+    if ts > timestamp:
+        return _new(TimestampOffset, (ts, read_timestamp, _proxy({pid: seq_nr})))
+    if ts < timestamp or seen.get(pid, 0) >= seq_nr:
         return None
-    return new_offset(ts, read_timestamp, MappingProxyType({**offset.seen, pid: seq_nr}))
+    return _new(TimestampOffset, (ts, read_timestamp, _proxy({**seen, pid: seq_nr})))
+
+
+# `new_offset` without its call: this runs once for every event a slice query reads.
+_new = tuple.__new__
+_proxy = MappingProxyType
 
 
 @attrs.frozen
@@ -73,12 +79,21 @@ class ScanPosition:
         latest = self.latest
         emitted: list[tuple[Row, TimestampOffset]] = []
         append = emitted.append
+        timestamp, _, seen = latest
         for row in rows:
-            offset = offset_after(latest, row[ROW_DB_TIMESTAMP], row[ROW_PID], row[ROW_SEQ_NR],
-                                  row[-1])  # fmt: skip
-            if offset is not None:
-                latest = offset
-                append((row, offset))
+            # `offset_after`, inlined: this runs once for every event a catch-up reads.
+            ts = row[ROW_DB_TIMESTAMP]
+            pid = row[ROW_PID]
+            seq_nr = row[ROW_SEQ_NR]
+            if ts > timestamp:
+                seen = _proxy({pid: seq_nr})
+            elif ts < timestamp or seen.get(pid, 0) >= seq_nr:
+                continue
+            else:
+                seen = _proxy({**seen, pid: seq_nr})
+            timestamp = ts
+            latest = _new(TimestampOffset, (ts, row[-1], seen))
+            append((row, latest))
         if not emitted:
             return self, emitted
         return ScanPosition(latest, latest.timestamp), emitted

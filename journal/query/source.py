@@ -26,11 +26,11 @@ from psycopg import sql
 
 from journal.durable_state import DurableStateChange, heartbeat_change, rows_to_changes
 from journal.filter import EventFilter
-from journal.model import FILTERED, EventEnvelope, TimestampOffset, heartbeat_envelope
+from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.query import sql as q
 from journal.query.by_slice import BucketsQuery, RowsQuery
 from journal.query.state_sql import state_rows
-from journal.rows import Row, rows_to_envelopes
+from journal.rows import Row, iter_envelopes
 from journal.serialization import SerializerRegistry
 from journal.tables import Tables
 
@@ -87,8 +87,9 @@ class RowSource(Protocol, Generic[E]):
         *,
         source: str,
         skip_filtered: bool,
-    ) -> Sequence[E]:
-        """The envelopes of the rows the machine emitted, each with its offset."""
+    ) -> Iterable[E]:
+        """The envelopes of the rows the machine emitted, each with its offset, in order
+        (an iterator, so that each is freed before the next is built)."""
         ...
 
     def heartbeat(self, entity_type: str, min_slice: int, offset: TimestampOffset) -> E:
@@ -135,11 +136,8 @@ class EventRows:
         *,
         source: str,
         skip_filtered: bool,
-    ) -> Sequence[EventEnvelope]:
-        envelopes = rows_to_envelopes(rows, registry, source=source)
-        if skip_filtered:
-            return [e for e in envelopes if e.event is not FILTERED]
-        return envelopes
+    ) -> Iterable[EventEnvelope]:
+        return iter_envelopes(rows, registry, source=source, skip_filtered=skip_filtered)
 
     def heartbeat(self, entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
         return heartbeat_envelope(entity_type, min_slice, offset)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from journal import InvalidSettings, QuerySettings, TimestampOffset
 from journal.model import EPOCH
+from journal.query.buckets import CHUNK_BUFFERS
 from journal.query.by_slice import (
     BUCKET_SECONDS,
     BucketsQuery,
@@ -341,8 +342,8 @@ def test_thousands_of_events_sharing_one_timestamp_do_not_stall() -> None:
 
 
 def test_catch_up_scans_are_bounded_by_bucket_counts() -> None:
-    # 30 buckets of 10 s with 25 events each; buffer 10: every scan is bounded
-    # to about one bucket instead of "everything after the offset".
+    # 30 buckets of 10 s with 25 events each; buffer 10: every scan is bounded to
+    # the buckets that reach CHUNK_BUFFERS buffers instead of "everything after the offset".
     events = [
         Ev(f"p{i}", b * 25 + i + 1, b * BUCKET_SECONDS + i * 0.1, 0.0)
         for b in range(30)
@@ -374,8 +375,11 @@ def test_catch_up_scans_are_bounded_by_bucket_counts() -> None:
         else:
             break
     assert machine.latest.timestamp == at(events[-1].ts)
-    # Unbounded, the first scans would see all 750 rows; bounded, about one bucket.
-    assert max(scanned) <= 50
+    # Unbounded, the first scans would see all 750 rows; bounded, the buckets that
+    # reach the chunk size (at most one bucket more).
+    chunk = CHUNK_BUFFERS * machine.settings.buffer_size
+    assert chunk < 750 - 25
+    assert max(scanned) <= chunk + 25
     assert machine.bucket_queries >= 1
 
 

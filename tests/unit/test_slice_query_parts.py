@@ -20,7 +20,7 @@ from journal.query.backtracking import (
     IDLE_POLLS_BEFORE_BACKTRACKING,
     BacktrackingTracker,
 )
-from journal.query.buckets import BUCKET_SECONDS, BucketTracker, bucket_start
+from journal.query.buckets import BUCKET_SECONDS, CHUNK_BUFFERS, BucketTracker, bucket_start
 from journal.query.by_slice import (
     BucketsQuery,
     BySliceQuery,
@@ -187,9 +187,12 @@ def test_a_count_cut_off_at_the_bucket_limit_is_not_complete() -> None:
 
 
 def test_the_bound_ends_the_bucket_where_rows_reach_the_buffer() -> None:
-    rows = [(start_of(0), 50), (start_of(10), 4), (start_of(20), 6), (start_of(30), 9)]
+    c = CHUNK_BUFFERS  # a chunk is that many buffers
+    rows = [(start_of(0), 50 * c), (start_of(10), 4 * c), (start_of(20), 6 * c),
+            (start_of(30), 9 * c)]  # fmt: skip
     tracker = buckets(buffer_size=10).on_counts(rows)
     # The bucket before the scan position does not count.
+    assert tracker.bound(at(12)) != at(20)
     assert tracker.bound(at(12)) == at(30)
     assert tracker.scan_bound(at(12), None) == at(30)
     assert not tracker.needs_count(at(12))
