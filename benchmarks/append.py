@@ -234,7 +234,7 @@ def statement_writer(
         prepared = PreparedAppend(
             pid, ENTITY_TYPE, pids.slices[i], seq_nr, events, payloads, (), None, None
         )
-        async with conn.cursor() as cur:
+        async with psycopg.AsyncRawCursor(conn) as cur:
             await cur.execute(*statements.append_statement(prepared, WRITER_ID))
             if await cur.fetchone() is None:
                 raise RuntimeError(f"{pid}: expected_seq_nr {seq_nr} was not current")

@@ -383,7 +383,9 @@ async def explain(
     conn: psycopg.AsyncConnection[Any], title: str, statement: sql.Composable | str, params: Any
 ) -> Plan:
     query = sql.SQL(statement) if isinstance(statement, str) else statement
-    cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + query, params)
+    # A list of values goes with numbered placeholders (the append's `WriterSql`).
+    cur = psycopg.AsyncRawCursor(conn) if isinstance(params, list) else conn.cursor()
+    await cur.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + query, params)
     text = "\n".join(str(row[0]) for row in await cur.fetchall())
     return Plan(title, query.as_string(conn), params, text)
 

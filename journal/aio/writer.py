@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg_pool import AsyncConnectionPool
 
 from journal.aio.notifications import Notifier, send_notification
@@ -117,11 +117,11 @@ class EventWriter:
         return appended_envelopes(batch, stored_at, self._writer_id)
 
     async def _insert(
-        self, conn: AsyncConnection[Any], statement: tuple[str, Any]
+        self, conn: AsyncConnection[Any], statement: tuple[str, list[Any]]
     ) -> datetime | None:
         """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
         try:
-            async with conn.cursor() as cur:
+            async with AsyncRawCursor(conn) as cur:  # `WriterSql`: numbered placeholders
                 await cur.execute(*statement)
                 row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:

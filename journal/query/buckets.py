@@ -4,9 +4,9 @@ Far behind the tail, `ORDER BY db_timestamp` over everything after the offset
 would sort the rest of the journal on every poll. Counts per 10-second bucket
 give an upper timestamp that bounds each scan to about `CHUNK_BUFFERS` times
 `buffer_size` rows (at least one bucket); such a bounded chunk is streamed
-without LIMIT, `buffer_size` rows per fetch, so each row is sorted once. This module holds what the query knows about those counts and
-what it derives from them; at the tail, where a LIMIT query touches few rows
-anyway, it asks for none.
+without LIMIT, `buffer_size` rows per fetch, so each row is sorted once. This
+module holds what the query knows about those counts and what it derives from
+them; at the tail, where a LIMIT query touches few rows anyway, it asks for none.
 """
 
 from __future__ import annotations

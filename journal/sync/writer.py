@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import Connection
+from psycopg import Connection, RawCursor
 from psycopg_pool import ConnectionPool
 
 from journal.errors import ConcurrencyError
@@ -116,10 +116,10 @@ class EventWriter:
                 self._notifier.changed(batch.entity_type, batch.slice)
         return appended_envelopes(batch, stored_at, self._writer_id)
 
-    def _insert(self, conn: Connection[Any], statement: tuple[str, Any]) -> datetime | None:
+    def _insert(self, conn: Connection[Any], statement: tuple[str, list[Any]]) -> datetime | None:
         """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
         try:
-            with conn.cursor() as cur:
+            with RawCursor(conn) as cur:  # `WriterSql`: numbered placeholders
                 cur.execute(*statement)
                 row = cur.fetchone()
         except psycopg.errors.UniqueViolation:
