@@ -153,10 +153,22 @@ def schema_errors(tables: TableSet, where: str | None = None) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.UndefinedTable as e:
-        table = _missing_table(tables, e)
-        if table is None:
+        error = schema_error(tables, e, where)
+        if error is None:
             raise
-        raise SchemaNotInitialized(tables.schema_name, table, where) from e
+        raise error from e
+
+
+def schema_error(
+    tables: TableSet, e: BaseException | None, where: str | None = None
+) -> SchemaNotInitialized | None:
+    """`schema_errors`' error for `e`, or None if `e` is not about one of `tables`."""
+    if not isinstance(e, psycopg.errors.UndefinedTable):
+        return None
+    table = _missing_table(tables, e)
+    if table is None:
+        return None
+    return SchemaNotInitialized(tables.schema_name, table, where)
 
 
 TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
