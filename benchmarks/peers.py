@@ -43,7 +43,7 @@ visibility horizon instead.
 Variants are interleaved (round 1: raw, slicejournal, eventsourcing,
 eventsourcing db-fn; round 2 reversed, ...) because the machine is shared and
 noisy; each variant's best run counts. "peer" is the faster eventsourcing
-variant of the case. Goals: slicejournal/peer >= 3 with 1 writer, >= 6 with 8.
+variant of the case. Goals: below.
 
 Read side: a full catch-up read of what the last 8-writer run of slicejournal
 and of eventsourcing (defaults) wrote (their own stores; the event counts
@@ -59,7 +59,8 @@ every payload (`json.loads`), as a consumer has to:
   inclusive_of_start=False)` page after page until a short page, as its
   `ListenNotifySubscription` (used by its projection runners) catches up.
 
-No numeric goal for the read side; the ratios are printed.
+Goals (slicejournal / peer): writes >= 1.0 with 1 writer and >= 1.5 with 8; the
+catch-up read >= 1.3 (the least the project aims for; 1.5 is its target).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ PEER_TOPIC = "bench.bank:Account.Deposited"  # eventsourcing stores a topic per 
 PEER_TABLE = "stored_events"  # what PostgresFactory.application_recorder() creates
 PEER_PAGE = 500  # ListenNotifySubscription's select limit
 PAYLOAD_COLUMN = 12  # event_payload in envelope_columns()
-GOALS = {1: 3.0, 8: 6.0}  # slicejournal / peer, by writers
+GOALS = {1: 1.0, 8: 1.5}  # slicejournal / peer, by writers
+READ_GOAL = 1.3  # slicejournal / peer, the catch-up read
 WRITERS = tuple(GOALS)
 READ_PASSES_PER_ROUND = 3
 
@@ -634,7 +636,8 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         )
         met.append(journal / peer_best >= GOALS[writers])
     rates = {reader: best([p.per_second for p in reads[reader]]) for reader in READERS}
-    rows.append(summary_row("catch-up read", rates[RAW], rates[JOURNAL], rates[PEER], None))
+    rows.append(summary_row("catch-up read", rates[RAW], rates[JOURNAL], rates[PEER], READ_GOAL))
+    met.append(rates[JOURNAL] / rates[PEER] >= READ_GOAL)
     print_table(
         [
             "case",
@@ -653,7 +656,7 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         "goal: slicejournal/peer."
     )
     print(
-        f"goals met in {sum(met)} of {len(met)} write cases; "
+        f"goals met in {sum(met)} of {len(met)} cases; "
         f"total time {time.perf_counter() - started:.0f} s"
     )
     return 0
