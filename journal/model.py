@@ -92,6 +92,9 @@ FILTERED: Final = _Marker("FILTERED")
 # What a filtered query selects instead of such a row's serializer id and manifest.
 FILTERED_MANIFEST: Final = "slicejournal.filtered"
 FILTERED_SER_ID: Final = TOMBSTONE_SER_ID  # the row decoder tells them by manifest
+# The `source` of an envelope that carries an id's snapshot instead of its events up to
+# the snapshot's seq_nr (`Journal.events_by_slices_from_snapshots`).
+SNAPSHOT_SOURCE: Final = "snapshot"
 
 
 class _OffsetFields(NamedTuple):
@@ -204,7 +207,8 @@ class EventEnvelope(_Unordered, _EnvelopeFields):
     reader decides; projections hand it to their recovery strategy, and
     `decoded_event()` raises it. `source` tells which kind
     of query produced the envelope: "query", "backtracking", "persistence_id",
-    "append" or, for idle progress markers, "heartbeat". `deleted` marks the
+    "append", "snapshot" (see `from_snapshot`) or, for idle progress markers,
+    "heartbeat". `deleted` marks the
     tombstone `Journal.delete_all` leaves: the id was erased, `event` is None.
     `event` is `FILTERED` for an event a stream's `EventFilter` left out (see
     `filtered`).
@@ -252,6 +256,13 @@ class EventEnvelope(_Unordered, _EnvelopeFields):
     def is_heartbeat(self) -> bool:
         """True for the idle progress markers a slice query emits when asked to."""
         return self.source == "heartbeat"
+
+    @property
+    def from_snapshot(self) -> bool:
+        """True for an id's snapshot delivered in place of its events up to `seq_nr`
+        (`Journal.events_by_slices_from_snapshots`): `event` is the snapshot's state,
+        `db_timestamp` that of the event it was taken at."""
+        return self.source == SNAPSHOT_SOURCE
 
 
 _attrs_compatible(
@@ -302,7 +313,11 @@ def heartbeat_envelope(entity_type: str, min_slice: int, offset: TimestampOffset
 
 @attrs.frozen
 class Snapshot:
-    """The latest saved state of one persistence id."""
+    """The latest saved state of one persistence id.
+
+    `db_timestamp` is that of the event at `seq_nr` (where start-from-snapshot
+    queries place the snapshot); `write_timestamp` is when it was saved.
+    """
 
     persistence_id: str
     seq_nr: int

@@ -48,6 +48,8 @@ ROW_DB_TIMESTAMP = COLUMNS.index("db_timestamp")
 ROW_PID = COLUMNS.index("persistence_id")
 ROW_SEQ_NR = COLUMNS.index("seq_nr")
 ROW_WIDTH = len(COLUMNS) + 1  # queries may append columns after the payload
+# Start-from-snapshot queries (`journal.query.sql.snapshot_rows`): true for a snapshot.
+SNAPSHOT_FLAG = ROW_WIDTH
 
 
 def decode_payloads(

@@ -21,6 +21,16 @@ from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables
 
+# A snapshot's db_timestamp: that of the event it was taken at (or of the deletion
+# marker standing for it), as Pekko stores it for start-from-snapshot queries, which
+# deliver the snapshot in that event's place; the save time if the event is not
+# stored (save a snapshot after its event, or in the same transaction).
+_EVENT_TIMESTAMP = sql.SQL(
+    "COALESCE((SELECT db_timestamp FROM {journal} "
+    "WHERE persistence_id = %(event_pid)s AND seq_nr = %(event_seq_nr)s), "
+    "transaction_timestamp())"
+)
+
 
 @attrs.frozen
 class SnapshotSql:
@@ -39,7 +49,7 @@ class SnapshotSql:
             INSERT INTO {t} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
                              write_timestamp, ser_id, ser_manifest, snapshot, tags,
                              meta_ser_id, meta_ser_manifest, meta_payload)
-            VALUES (%(slice)s, %(entity_type)s, %(pid)s, %(seq_nr)s, transaction_timestamp(),
+            VALUES (%(slice)s, %(entity_type)s, %(pid)s, %(seq_nr)s, {event_timestamp},
                     %(write_ts)s, %(ser_id)s, %(manifest)s, %(payload)s, %(tags)s::text[],
                     %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s)
             ON CONFLICT (persistence_id) DO UPDATE SET
@@ -51,7 +61,7 @@ class SnapshotSql:
               meta_payload = excluded.meta_payload
             WHERE {t}.seq_nr <= excluded.seq_nr
             """
-            ).format(t=t),
+            ).format(t=t, event_timestamp=_EVENT_TIMESTAMP.format(journal=tables.journal)),
             select=sql.SQL(
                 "SELECT seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, "
                 "tags, meta_ser_id, meta_ser_manifest, meta_payload "
@@ -80,6 +90,8 @@ def snapshot_params(
         "entity_type": entity_type_of(pid),
         "pid": pid,
         "seq_nr": seq_nr,
+        "event_pid": pid,  # the same values, typed by the journal's columns
+        "event_seq_nr": seq_nr,
         "write_ts": int(time.time() * 1000),
         "ser_id": payload.serializer_id,
         "manifest": payload.manifest,

@@ -237,13 +237,17 @@ def admit(
     the fill already looked.
     """
     pid, seq_nr, slice_, ts = env.persistence_id, env.seq_nr, env.slice, env.db_timestamp
+    # A snapshot stands for the id's events up to its seq_nr (start from snapshots).
+    snapshot = isinstance(env, EventEnvelope) and env.from_snapshot
     # Inside a gap fill, a predecessor that was not fetched is not stored.
     previous: datetime | Any | None = UNKNOWN if fetched is None else fetched.get(seq_nr - 1)
-    v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=evidence)
+    v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=evidence, snapshot=snapshot)
     if v.verdict is Verdict.NEEDS_STORED_OFFSET:
         stored: Record | None = yield StoredOffset(pid, slice_)
         state.looked_up(pid, stored)
-        v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=evidence)
+        v = state.validate(
+            pid, seq_nr, slice_, ts, previous, deleted_to=evidence, snapshot=snapshot
+        )
     if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
         found: Previous = yield PreviousTimestamp(pid, seq_nr - 1)
         previous = found.timestamp

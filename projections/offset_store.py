@@ -326,8 +326,13 @@ class OffsetState:
         previous_timestamp: datetime | _Unknown | None = UNKNOWN,
         *,
         deleted_to: int | None = None,
+        snapshot: bool = False,
     ) -> Validation:
         """Accept, drop as duplicate, or report a gap (or a rejection) for one envelope.
+
+        `snapshot`: the envelope is the id's snapshot, standing for its events up to
+        `seq_nr` (a start-from-snapshot stream): accepted above the handled seq_nr
+        whatever lies between, as a revision is, and a duplicate at or below it.
 
         `deleted_to` is the journal's evidence, once asked: the highest seq_nr
         of the pid's deletion marker at or above the first missing one (0: none).
@@ -348,7 +353,7 @@ class OffsetState:
                 # Older than the pid's handled record: of its lifetime (a lower seq_nr),
                 # or of an earlier one, from before a handled tombstone. Never again.
                 return DUPLICATE
-            if not self.consecutive:
+            if not self.consecutive or snapshot:
                 return DUPLICATE if seq_nr <= handled.seq_nr else ACCEPTED
             if seq_nr <= handled.seq_nr:
                 return ACCEPTED if self._resets(seq_nr, timestamp, handled) else DUPLICATE
@@ -360,10 +365,10 @@ class OffsetState:
             return DUPLICATE  # older than anything this slice still tracks: handled before
         if seq_nr <= 1:
             return ACCEPTED  # a first event, or the tombstone of a reset id
-        if not self.consecutive:
+        if not self.consecutive or snapshot:
             if self.trimmed and persistence_id not in self._looked_up:
                 return NEEDS_STORED_OFFSET
-            return ACCEPTED  # a revision: the earlier ones need not have been seen
+            return ACCEPTED  # a revision or a snapshot: the earlier ones need not be seen
         if deleted_to is not None and seq_nr - 1 <= deleted_to:
             return ACCEPTED  # the previous events were deleted
         if self.trimmed and persistence_id not in self._looked_up:

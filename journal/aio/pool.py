@@ -80,7 +80,7 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
     def connection(  # type: ignore[override]  # a context manager, as the base's
         self,
         timeout: float | None = None,  # the base class's signature
-    ) -> _Lease:
+    ) -> _PooledConnection:
         """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
 
         `getconn`/`putconn` in a small context manager class rather than the base
@@ -90,10 +90,10 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         whatever a failed block left open, which is all the base class's wrapper
         adds for them.
         """
-        return _Lease(self, timeout)
+        return _PooledConnection(self, timeout)
 
 
-class _Lease:
+class _PooledConnection:
     """`JournalPool.connection()`: one connection, taken on entry and returned on exit."""
 
     __slots__ = ("_conn", "_pool", "_timeout")

@@ -26,11 +26,11 @@ from psycopg import sql
 
 from journal.durable_state import DurableStateChange, heartbeat_change, rows_to_changes
 from journal.filter import EventFilter
-from journal.model import EventEnvelope, TimestampOffset, heartbeat_envelope
+from journal.model import SNAPSHOT_SOURCE, EventEnvelope, TimestampOffset, heartbeat_envelope
 from journal.query import sql as q
 from journal.query.by_slice import BucketsQuery, RowsQuery
 from journal.query.state_sql import state_rows
-from journal.rows import Row, iter_envelopes
+from journal.rows import SNAPSHOT_FLAG, Row, iter_envelopes
 from journal.serialization import SerializerRegistry
 from journal.tables import Tables
 
@@ -144,6 +144,43 @@ class EventRows:
 
 
 @attrs.frozen
+class SnapshotStartRows(EventRows):
+    """The journal's events with each id's snapshot in place of its events up to the
+    snapshot's seq_nr (`journal.query.sql.snapshot_rows`): what a projection that starts
+    from snapshots needs, shipped instead of every event. Backtracking reads the events
+    alone (their keys): a re-delivered event the snapshot covers is a duplicate."""
+
+    def rows(
+        self,
+        tables: Tables,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        query: RowsQuery,
+        event_filter: EventFilter | None,
+    ) -> Statement:
+        if event_filter is not None:  # pragma: no cover - refused where the stream starts
+            raise ValueError("an EventFilter does not combine with snapshots")
+        return q.slice_rows(tables, entity_type, min_slice, max_slice, query, from_snapshots=True)
+
+    def decode(
+        self,
+        rows: Iterable[tuple[Row, TimestampOffset | None]],
+        registry: SerializerRegistry,
+        *,
+        source: str,
+        skip_filtered: bool,
+    ) -> Iterable[EventEnvelope]:
+        for pair in rows:
+            kind = (
+                SNAPSHOT_SOURCE
+                if len(pair[0]) > SNAPSHOT_FLAG + 1 and pair[0][SNAPSHOT_FLAG]
+                else source
+            )
+            yield from iter_envelopes((pair,), registry, source=kind)
+
+
+@attrs.frozen
 class StateChangeRows:
     """The durable state's changes (`DurableStateChange`s): the latest revision of each
     changed id, in the positions of an event's seq_nr."""
@@ -196,4 +233,5 @@ class StateChangeRows:
 
 
 EVENTS: RowSource[EventEnvelope] = EventRows()
+EVENTS_FROM_SNAPSHOTS: RowSource[EventEnvelope] = SnapshotStartRows()
 STATE_CHANGES: RowSource[DurableStateChange] = StateChangeRows()

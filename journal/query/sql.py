@@ -146,19 +146,24 @@ def slice_rows(
     max_slice: int,
     query: RowsQuery,
     event_filter: EventFilter | None = None,
+    *,
+    from_snapshots: bool = False,
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT for one slice-range RowsQuery; the last column is the read time. With
-    `event_filter`, rows it leaves out come back as their key only."""
+    `event_filter`, rows it leaves out come back as their key only.
+
+    With `from_snapshots` (a normal query, not backtracking), each id's snapshot
+    comes in place of its events up to the snapshot's seq_nr (`snapshot_rows`)."""
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
     matched, filter_params = filter_matches(event_filter)
     params |= filter_params
     delivered, delivered_params = delivered_rows()
-    where: list[sql.Composable] = [SLICE_RANGE, *bounds, delivered]
     params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice,
                **delivered_params}  # fmt: skip
+    shared: list[sql.Composable] = [SLICE_RANGE, *bounds]
     if query.exclude:
         # Events at exactly the start timestamp that were already emitted.
-        where.append(
+        shared.append(
             sql.SQL(
                 "(db_timestamp > %(from_ts)s OR NOT EXISTS ("
                 "SELECT 1 FROM unnest(%(ex_pids)s::text[], %(ex_seqs)s::bigint[]) AS x(pid, seq) "
@@ -168,23 +173,71 @@ def slice_rows(
         params["ex_pids"] = list(query.exclude.keys())
         params["ex_seqs"] = list(query.exclude.values())
     if query.horizon is not None:
-        where.append(sql.SQL("db_timestamp < %(horizon)s"))
+        shared.append(sql.SQL("db_timestamp < %(horizon)s"))
         params["horizon"] = query.horizon
     if query.behind_current_time is not None:
-        where.append(sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"))
+        shared.append(sql.SQL("db_timestamp < transaction_timestamp() - %(behind)s::interval"))
         params["behind"] = query.behind_current_time
-    statement = sql.SQL(
-        "SELECT {columns}, transaction_timestamp() FROM {journal} WHERE {where} "
-        "ORDER BY db_timestamp, seq_nr"
-    ).format(
-        columns=envelope_columns(with_payload=query.with_payload, matched=matched),
-        journal=tables.journal,
-        where=sql.SQL(" AND ").join(where),
-    )
+    columns = envelope_columns(with_payload=query.with_payload, matched=matched)
+    if from_snapshots and not query.backtracking:
+        statement = snapshot_rows(tables, columns, [*shared, delivered], shared)
+    else:
+        statement = sql.SQL(
+            "SELECT {columns}, transaction_timestamp() FROM {journal} WHERE {where} "
+            "ORDER BY db_timestamp, seq_nr"
+        ).format(
+            columns=columns,
+            journal=tables.journal,
+            where=sql.SQL(" AND ").join([*shared, delivered]),
+        )
     if query.limit is not None:
         statement = sql.Composed([statement, sql.SQL(" LIMIT %(limit)s")])
         params["limit"] = query.limit
     return statement, params
+
+
+def snapshot_rows(
+    tables: Tables,
+    columns: sql.Composable,
+    journal_where: list[sql.Composable],
+    snapshot_where: list[sql.Composable],
+) -> sql.Composed:
+    """The events of a stretch with each id's snapshot in place of its events up to the
+    snapshot's seq_nr: events no snapshot covers, and the snapshots, whose db_timestamp
+    is that of the event they were taken at, ordered together. One more column before
+    the read time says which rows are snapshots (`journal.rows.SNAPSHOT_FLAG`).
+
+    Why this never loses an event, whatever the stream has read before the snapshot
+    was saved: an event it leaves out has a db_timestamp at or below its snapshot's,
+    so a scan that has not passed the event has not passed the snapshot either, and
+    one that had passed the snapshot's timestamp read the event before. Tombstones
+    (seq_nr 0) are never covered; snapshots without a db_timestamp (a writer that does
+    not set it) cover nothing.
+    """
+    covered = sql.SQL(
+        "(e.seq_nr = 0 OR NOT EXISTS (SELECT 1 FROM {snapshot} AS s "
+        "WHERE s.persistence_id = e.persistence_id AND s.seq_nr >= e.seq_nr "
+        "AND s.db_timestamp IS NOT NULL))"
+    ).format(snapshot=tables.snapshot)
+    snapshot_columns = sql.SQL(
+        "persistence_id, entity_type, slice, seq_nr, db_timestamp, ''::text, tags, ser_id, "
+        "ser_manifest, meta_ser_id, meta_ser_manifest, meta_payload, snapshot"
+    )
+    return sql.SQL(
+        "SELECT {columns}, false, transaction_timestamp() FROM {journal} AS e "
+        "WHERE {journal_where} "
+        "UNION ALL "
+        "SELECT {snapshot_columns}, true, transaction_timestamp() FROM {snapshot} "
+        "WHERE {snapshot_where} "
+        "ORDER BY db_timestamp, seq_nr"
+    ).format(
+        columns=columns,
+        journal=tables.journal,
+        journal_where=sql.SQL(" AND ").join([*journal_where, covered]),
+        snapshot_columns=snapshot_columns,
+        snapshot=tables.snapshot,
+        snapshot_where=sql.SQL(" AND ").join(snapshot_where),
+    )
 
 
 def slice_buckets(

@@ -27,7 +27,7 @@ from journal.query import sql as q
 from journal.query.by_persistence_id import check_seq_range
 from journal.query.by_slice import check_slice_query
 from journal.query.horizon import READER_APPLICATION
-from journal.query.source import EVENTS
+from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS
 from journal.rows import row_to_envelope
 from journal.schema import TableNaming
 from journal.serialization import SerializerRegistry
@@ -402,6 +402,64 @@ class SyncJournal:
             settings=settings,
             event_filter=check_filter(filter),
             filtered_envelopes=filtered_envelopes,
+        )
+
+    def events_by_slices_from_snapshots(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+    ) -> Generator[EventEnvelope, None, None]:
+        """`events_by_slices`, with each id's snapshot in place of its events up to the
+        snapshot's seq_nr: the server ships the snapshots and the events after them.
+
+        A snapshot's envelope has `from_snapshot` True, `event` the snapshot's state,
+        `seq_nr` its seq_nr and `db_timestamp` that of the event it was taken at, so it
+        comes where that event would have, before every later event of its id, and its
+        `offset` resumes right after it. The rule holds for every stretch the stream
+        has not read yet, so a snapshot saved while the stream runs replaces the events
+        it covers that were not delivered yet (and a consumer gets events 1..k, then the
+        snapshot at N > k, then N + 1 ...). Ids without a snapshot come as events.
+        Backtracking re-delivers events only (a covered one is a duplicate for a
+        consumer that tracks seq_nrs, as projections do). Save snapshots after their
+        event is stored (`save_snapshot` after `append`, or in its transaction).
+        """
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            source=EVENTS_FROM_SNAPSHOTS,
+            live=True,
+            heartbeats=heartbeats,
+            settings=settings,
+        )
+
+    def current_events_by_slices_from_snapshots(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None = None,
+        *,
+        settings: QuerySettings | None = None,
+    ) -> Generator[EventEnvelope, None, None]:
+        """`events_by_slices_from_snapshots` up to the database time at the start, then
+        the end: a new read model's catch-up from snapshots."""
+        check_slice_query(entity_type, min_slice, max_slice, offset)
+        return self._slices.stream(
+            entity_type,
+            min_slice,
+            max_slice,
+            offset,
+            source=EVENTS_FROM_SNAPSHOTS,
+            live=False,
+            settings=settings,
         )
 
     @translate_errors

@@ -82,7 +82,7 @@ class SyncJournalPool(ConnectionPool[Connection[Any]]):
     def connection(  # type: ignore[override]  # a context manager, as the base's
         self,
         timeout: float | None = None,  # the base class's signature
-    ) -> _Lease:
+    ) -> _PooledConnection:
         """A pooled connection; an error on a missing journal table is `SchemaNotInitialized`.
 
         `getconn`/`putconn` in a small context manager class rather than the base
@@ -92,10 +92,10 @@ class SyncJournalPool(ConnectionPool[Connection[Any]]):
         whatever a failed block left open, which is all the base class's wrapper
         adds for them.
         """
-        return _Lease(self, timeout)
+        return _PooledConnection(self, timeout)
 
 
-class _Lease:
+class _PooledConnection:
     """`SyncJournalPool.connection()`: one connection, taken on entry and returned on exit."""
 
     __slots__ = ("_conn", "_pool", "_timeout")

@@ -63,7 +63,7 @@ from journal.durable_state import DurableStateChange
 from journal.errors import InvalidArgument
 from journal.filter import EventFilter, check_filter
 from journal.model import EventEnvelope, TimestampOffset
-from journal.query.source import EVENTS, STATE_CHANGES, RowSource
+from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS, STATE_CHANGES, RowSource
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
 from projections.aio.core_io import CoreReads
@@ -165,6 +165,11 @@ class Projection:
         instance = check_instance(name, entity_type, slice_range, handler)
         if filter is not None and not source.consecutive:
             raise InvalidArgument("an EventFilter selects events, not durable state changes")
+        if filter is not None and source is EVENTS_FROM_SNAPSHOTS:
+            raise InvalidArgument(
+                "an EventFilter does not combine with from_snapshots: a snapshot stands for "
+                "every event up to it, filtered or not"
+            )
         check_handler_flavour(handler, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
@@ -239,18 +244,25 @@ class Projection:
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
         filter: EventFilter | None = None,
+        from_snapshots: bool = False,
     ) -> Projection:
         """`handler(conn, envelope)` runs in the transaction that stores the offset.
 
         Options (all keyword-only, each None for its default): `settings`
         (`ProjectionSettings`), `recovery` (`RecoveryStrategy`, default fail),
         `query_settings` (`QuerySettings`, default the journal's), `telemetry`
-        (`Telemetry`, default the process's `use_telemetry`).
+        (`Telemetry`, default the process's `use_telemetry`), `filter` (an
+        `EventFilter`). `from_snapshots=True` reads
+        `Journal.events_by_slices_from_snapshots`: each id's snapshot comes in place of
+        its events up to the snapshot's seq_nr (`envelope.from_snapshot`, `event` the
+        snapshot's state; the handler builds the read model from it), so a new
+        projection over long-lived ids reads the snapshots and the events after them.
         """
         return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter)  # fmt: skip
+                   telemetry=telemetry, filter=filter,
+                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -266,6 +278,7 @@ class Projection:
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
         filter: EventFilter | None = None,
+        from_snapshots: bool = False,
     ) -> Projection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
@@ -273,7 +286,8 @@ class Projection:
         return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter)  # fmt: skip
+                   telemetry=telemetry, filter=filter,
+                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -289,6 +303,7 @@ class Projection:
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
         filter: EventFilter | None = None,
+        from_snapshots: bool = False,
     ) -> Projection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
@@ -296,7 +311,8 @@ class Projection:
         return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
                    entity_type=entity_type, slice_range=slice_range,
                    settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter)  # fmt: skip
+                   telemetry=telemetry, filter=filter,
+                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def exactly_once_changes(
@@ -501,6 +517,15 @@ class Projection:
                     self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
                     settings=self.query_settings,
                 )  # fmt: skip
+        elif self.source is EVENTS_FROM_SNAPSHOTS and until_caught_up:
+            stream = self.journal.current_events_by_slices_from_snapshots(
+                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings
+            )
+        elif self.source is EVENTS_FROM_SNAPSHOTS:
+            stream = self.journal.events_by_slices_from_snapshots(
+                self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
+                settings=self.query_settings,
+            )  # fmt: skip
         elif until_caught_up:
             stream = self.journal.current_events_by_slices(
                 self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,

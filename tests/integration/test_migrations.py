@@ -107,6 +107,12 @@ async def test_a_release_0_1_0_database_migrates_and_keeps_everything(
         await bank.create_read_model(old)
         await write(old, range(30), 10)
         await old.save_snapshot(bank.account(1), 1, {"balance": 10})
+        async with old.pool.connection() as conn:  # saved as 0.1.0 did: at its save time
+            await conn.execute(
+                sql.SQL("UPDATE {} SET db_timestamp = clock_timestamp()").format(
+                    old.tables.snapshot
+                )
+            )
         assert await project_until_caught_up(old) == 30
         fleet = FleetSql(ProjectionTables(old.tables))
         async with old.pool.connection() as conn:
@@ -132,6 +138,9 @@ async def test_a_release_0_1_0_database_migrates_and_keeps_everything(
         assert await bank.journal_count(j) == 30
         snap = await j.load_snapshot(bank.account(1))
         assert snap is not None and snap.state == {"balance": 10}
+        # 0004: the snapshot now stands where its event stands (start from snapshots).
+        event = await j.load_envelope(bank.account(1), 1)
+        assert event is not None and snap.db_timestamp == event.db_timestamp
         after = await fetch(pg_dsn, sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4, 5").format(
             ProjectionTables(j.tables).offset_store))  # fmt: skip
         assert after == offsets_before
