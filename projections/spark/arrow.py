@@ -15,12 +15,13 @@ serializer's bytes go to `event_bytes`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from journal.model import FILTERED, FILTERED_MANIFEST, FILTERED_SER_ID, EventEnvelope
-from journal.rows import PAYLOAD_COLUMN, decode_payloads, tombstone_envelope
+from journal.model import EventEnvelope
+from journal.rows import PAYLOAD_COLUMN, iter_envelopes
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
 
 SCHEMA_DDL = (
@@ -88,37 +89,27 @@ def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
 
 
 def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[EventEnvelope]:
-    """The envelopes of a batch read by this source, payloads decoded by `registry`
-    (an undecodable one carries the same `DeserializationError` as on every read path).
-    A row the source's filter left out (`filteredEnvelopes`) is a `FILTERED` envelope."""
+    """The envelopes of a batch read by this source, decoded by the journal's one row
+    decoder (`journal.rows.iter_envelopes`): payloads by `registry`, an undecodable one
+    carrying the same `DeserializationError` as on every read path, a tombstone and a
+    row the source's filter left out (`filteredEnvelopes`) as on every read path."""
     cols = batch.to_pydict()
-    for i in range(batch.num_rows):
-        pid = cols["persistence_id"][i]
-        seq_nr = cols["seq_nr"][i]
-        if cols["deleted"][i]:  # only a tombstone is read deleted
-            yield tombstone_envelope(
-                pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
-                cols["writer"][i] or "", None, "query",
-            )  # fmt: skip
-            continue
-        ser_id = cols["ser_id"][i]
-        manifest = cols["ser_manifest"][i] or ""
-        if ser_id == FILTERED_SER_ID and manifest == FILTERED_MANIFEST:
-            yield EventEnvelope(
-                pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
-                FILTERED, None, FILTERED_MANIFEST, (), None, cols["writer"][i] or "", None,
-                "query",
-            )  # fmt: skip
-            continue
-        text = cols["event"][i]
-        payload = text.encode("utf-8") if text is not None else cols["event_bytes"][i]
-        meta = cols["metadata"][i]
-        event, metadata, error = decode_payloads(
-            registry, pid, seq_nr, ser_id, manifest, payload,
-            JSON_SERIALIZER_ID, "", None if meta is None else meta.encode("utf-8"),
-        )  # fmt: skip
-        yield EventEnvelope(
-            pid, cols["entity_type"][i], cols["slice"][i], seq_nr, cols["db_timestamp"][i],
-            event, ser_id, manifest, tuple(cols["tags"][i] or ()), metadata,
-            cols["writer"][i] or "", None, "query", error,
-        )  # fmt: skip
+    return iter_envelopes(
+        (_journal_row(cols, i) for i in range(batch.num_rows)), registry, source="query"
+    )
+
+
+def _journal_row(cols: dict[str, list[Any]], i: int) -> tuple[tuple[Any, ...], None]:
+    """Row `i` of a decoded batch in the journal's column order (`journal.rows.COLUMNS`,
+    then the payload), without an offset: the source's rows have none."""
+    text = cols["event"][i]
+    meta = cols["metadata"][i]
+    row = (
+        cols["persistence_id"][i], cols["entity_type"][i], cols["slice"][i], cols["seq_nr"][i],
+        cols["db_timestamp"][i], cols["writer"][i] or "", cols["tags"][i] or None,
+        cols["ser_id"][i], cols["ser_manifest"][i] or "",
+        None if meta is None else JSON_SERIALIZER_ID, None if meta is None else "",
+        None if meta is None else meta.encode("utf-8"),
+        text.encode("utf-8") if text is not None else cols["event_bytes"][i],
+    )  # fmt: skip
+    return row, None
