@@ -228,6 +228,13 @@ def check_versions(
         raise SchemaOutdated(schema, "; ".join(older))
 
 
+_RECORD = sql.SQL(
+    "INSERT INTO {t} (component, version, release) VALUES ({c}, {v}, {r}) "
+    "ON CONFLICT (component) DO UPDATE SET version = excluded.version, "
+    "release = excluded.release, migrated_at = now()"
+)
+
+
 @attrs.frozen
 class VersionSql:
     """The statements of the version table (built once per settings)."""
@@ -250,11 +257,9 @@ class VersionSql:
                 " migrated_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now())"
             ).format(schema=tables.schema, table=table),
             read=sql.SQL("SELECT component, version FROM {}").format(table),
-            record=sql.SQL(
-                "INSERT INTO {t} (component, version, release) VALUES (%s, %s, %s) "
-                "ON CONFLICT (component) DO UPDATE SET version = excluded.version, "
-                "release = excluded.release, migrated_at = now()"
-            ).format(t=table),
+            record=_RECORD.format(
+                t=table, c=sql.Placeholder(), v=sql.Placeholder(), r=sql.Placeholder()
+            ),
             lock=sql.SQL("SELECT pg_advisory_xact_lock(%s)"),
         )
 
@@ -269,3 +274,37 @@ def release() -> str:
 
 
 MigrationHook = Callable[[Migration], None]
+
+
+def migration_script(
+    tables: Tables, steps: Sequence[Migration], *, lock_timeout_ms: int, header: str
+) -> str:
+    """`steps` as the SQL `migrate` runs them, for `psql`: each step's DDL and the row
+    recording its version, in a transaction of its own that first takes the migration
+    lock. Rendered without a connection (identifiers quoted, values as literals), so
+    the same text serves `slicejournal migrate --sql` and the files under `sql/`."""
+    installed = {each.component.name: each for each in installation(tables)}
+    versions = VersionSql.of(tables)
+    out = [header]
+    for step in steps:
+        each = installed[step.component.name]
+        record = _RECORD.format(
+            t=tables.schema_version,
+            c=sql.Literal(each.key),
+            v=sql.Literal(step.number),
+            r=sql.Literal(release()),
+        )
+        out += [
+            f"\n-- step {step}",
+            "BEGIN;",
+            sql.SQL("SELECT pg_advisory_xact_lock({})")
+            .format(sql.Literal(MIGRATION_LOCK_KEY))
+            .as_string(None)
+            + ";",
+            f"SET LOCAL lock_timeout = '{lock_timeout_ms}ms';",
+            versions.create.as_string(None).strip() + ";",
+            step.statement(each.tables).as_string(None).strip(),
+            record.as_string(None) + ";",
+            "COMMIT;",
+        ]
+    return "\n".join(out) + "\n"

@@ -60,34 +60,21 @@ async def _migrate(
 async def _migration_sql(dsn: str, settings: JournalSettings) -> str:
     """The SQL `migrate` would run for the pending steps, as text (nothing applied): each
     step's DDL and the row recording its version, each in a transaction of its own."""
-    from psycopg import AsyncClientCursor
-
     from journal.aio.migrate import read_versions
     from journal.aio.pool import connect
-    from journal.schema import MIGRATION_LOCK_KEY, VersionSql, installation, pending, release
+    from journal.schema import installation, migration_script, pending
     from journal.tables import Tables
 
     tables = Tables(settings)
-    installed = {each.component.name: each for each in installation(tables)}
-    versions = VersionSql.of(tables)
     async with await connect(dsn, connect_timeout=settings.connect_timeout_seconds) as conn:
-        steps = pending(await read_versions(conn, tables) or {}, list(installed.values()))
-        cursor = AsyncClientCursor(conn)
-        out = [f"-- slicejournal {__version__}: {len(steps)} pending step(s) for schema "
-               f"{settings.schema!r} (nothing was applied)"]  # fmt: skip
-        for step in steps:
-            each = installed[step.component.name]
-            out += [
-                f"\n-- step {step}",
-                "BEGIN;",
-                cursor.mogrify(versions.lock, (MIGRATION_LOCK_KEY,)).strip() + ";",
-                f"SET LOCAL lock_timeout = '{settings.migration_lock_timeout_ms}ms';",
-                versions.create.as_string(conn).strip() + ";",
-                step.statement(each.tables).as_string(conn).strip(),
-                cursor.mogrify(versions.record, (each.key, step.number, release())).strip() + ";",
-                "COMMIT;",
-            ]
-    return "\n".join(out)
+        steps = pending(await read_versions(conn, tables) or {}, installation(tables))
+    header = (
+        f"-- slicejournal {__version__}: {len(steps)} pending step(s) for schema "
+        f"{settings.schema!r} (nothing was applied)"
+    )
+    return migration_script(
+        tables, steps, lock_timeout_ms=settings.migration_lock_timeout_ms, header=header
+    ).rstrip("\n")
 
 
 def _settings(args: argparse.Namespace) -> JournalSettings:
