@@ -73,7 +73,7 @@ async def run_spark_demo(
             started = time.perf_counter()
             tables = [f"{settings.schema}.{t}" for t in (BALANCES_TABLE, APPLIED_TABLE)]
             result = await asyncio.to_thread(
-                rebuild, spark, handler=BalancesReadModel(None).handle_sync, tables=tables,
+                rebuild, spark, handler=BalancesReadModel(None).handle_sync, read_models=tables,
                 **common,
             )  # fmt: skip
             spent = time.perf_counter() - started

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -305,11 +306,21 @@ def _check_trigger(trigger: Mapping[str, Any] | None) -> dict[str, Any]:
 
 @attrs.frozen
 class RebuildResult:
-    """What a rebuild did: events applied, up to which timestamp, into which tables."""
+    """What a rebuild did: events applied, up to which timestamp, into which read models."""
 
     events: int
     up_to: datetime
-    tables: tuple[str, ...]
+    read_models: tuple[str, ...]
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Deprecated (until 0.4.0): `read_models`."""
+        warnings.warn(
+            "RebuildResult.tables is deprecated: use RebuildResult.read_models",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.read_models
 
 
 def rebuild(
@@ -319,7 +330,7 @@ def rebuild(
     name: str,
     entity_type: str,
     handler: SyncGroupedHandler,
-    tables: Sequence[str],
+    read_models: Sequence[str] = (),
     up_to: datetime | None = None,
     settings: JournalSettings | None = None,
     projection_settings: ProjectionSettings | None = None,
@@ -329,30 +340,47 @@ def rebuild(
     lease_wait: timedelta = DEFAULT_LEASE_WAIT,
     serializers: Callable[[], SerializerRegistry] | None = None,
     filter: EventFilter | None = None,
+    tables: Sequence[str] | None = None,
 ) -> RebuildResult:
-    """Rebuild read model `tables` from the journal on Spark, then swap them in atomically.
+    """Rebuild the `read_models` tables from the journal on Spark, then swap them in
+    atomically.
 
-    The handler runs against empty copies of `tables` in a staging schema
+    The handler runs against empty copies of `read_models` in a staging schema
     (put first on its `search_path`: it must name them unqualified), over every
     event up to `up_to` (default: the database time at the start). One
-    transaction then replaces the rows of `tables` with the copies and the
+    transaction then replaces the rows of `read_models` with the copies and the
     projection's offsets with the rebuild's (plus a progress marker at `up_to`
     for every slice), so the live projection continues right after it. The
     projection must not be running meanwhile (`ProjectionBusy` otherwise).
-    Rows of `tables` are replaced: passing them is the permission to do so.
-    (`tables` are the read model's; the projections' own tables are named by
-    `projection_settings.tables`, as for `project`.) `filter`: the projection's
-    `EventFilter`, as for `project` (the handler sees only what it lets through).
+    Rows of `read_models` are replaced: passing them is the permission to do so.
+    (The projections' own tables are named by `projection_settings.tables`, as for
+    `project`.) `filter`: the projection's `EventFilter`, as for `project` (the
+    handler sees only what it lets through). `tables=` is the deprecated name of
+    `read_models=` (until 0.4.0; one name, one meaning: elsewhere `tables` names
+    the projections' own tables).
     """
+    if tables is not None:
+        warnings.warn(
+            "rebuild(tables=...) is deprecated: use rebuild(read_models=...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if read_models:
+            raise InvalidArgument("pass read_models= only (tables= is its deprecated name)")
+        read_models = tables
+    if (
+        isinstance(read_models, str)
+        or not read_models
+        or not all(isinstance(t, str) for t in read_models)
+    ):
+        raise InvalidArgument("read_models must be a non-empty list of table names")
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
     event_filter = check_filter(filter)
-    if isinstance(tables, str) or not tables or not all(isinstance(t, str) for t in tables):
-        raise InvalidArgument("tables must be a non-empty list of table names")
     settings = settings or JournalSettings()
     ranges = slice_range.split(num_partitions)
     staging = _staging_schema(settings, name)
     with open_connection(dsn, settings) as conn:
-        targets = _resolve_tables(conn, tables)
+        targets = _resolve_tables(conn, read_models)
         if up_to is None:
             row = conn.execute("SELECT transaction_timestamp()").fetchone()
             assert row is not None

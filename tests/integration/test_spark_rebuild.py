@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ from journal import Journal
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange
 from projections import Projection
-from projections.spark import rebuild
+from projections.spark import RebuildResult, rebuild
 from tests.support import bank
 from tests.support.spark import unqualified_handler
 
@@ -32,7 +33,7 @@ async def test_rebuild_swaps_read_model_and_offsets(spark: Any, journal: Journal
 
     result = await asyncio.to_thread(
         rebuild, spark, dsn=journal.dsn, name="balances", entity_type=bank.ENTITY,
-        handler=unqualified_handler(), tables=[f"{schema}.balances", f"{schema}.applied"],
+        handler=unqualified_handler(), read_models=[f"{schema}.balances", f"{schema}.applied"],
         settings=journal.settings,
     )  # fmt: skip
     assert result.events == 1500
@@ -70,5 +71,22 @@ async def test_rebuild_refuses_unknown_tables(spark: Any, journal: Journal) -> N
     with pytest.raises(InvalidArgument, match="no table"):
         await asyncio.to_thread(
             rebuild, spark, dsn=journal.dsn, name="balances", entity_type=bank.ENTITY,
-            handler=unqualified_handler(), tables=["no_such_table"], settings=journal.settings,
+            handler=unqualified_handler(), read_models=["no_such_table"], settings=journal.settings,
+        )  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_rebuild_tables_is_the_deprecated_name_of_read_models() -> None:
+    result = RebuildResult(3, datetime.now(UTC), ("s.balances",))
+    with pytest.warns(DeprecationWarning, match="read_models"):
+        assert result.tables == ("s.balances",)
+    # Refused before anything is read: both names at once.
+    with (
+        pytest.warns(DeprecationWarning, match=r"rebuild\(read_models=\.\.\.\)"),
+        pytest.raises(InvalidArgument, match="read_models= only"),
+    ):
+        rebuild(
+            None,  # type: ignore[arg-type]
+            dsn="postgresql://unused", name="p", entity_type="Account",
+            handler=lambda conn, envs: None, read_models=["a"], tables=["a"],
         )  # fmt: skip

@@ -171,9 +171,9 @@ def totals(conn: Connection[Any], envs: list[EventEnvelope]) -> None:
 def run_rebuild(spark: Any) -> None:
     result = rebuild(
         spark, dsn=DSN, name="cluster-totals", entity_type=ENTITY, handler=totals,
-        tables=[f"{SCHEMA}.totals"], settings=SETTINGS, num_partitions=4,
+        read_models=[f"{SCHEMA}.totals"], settings=SETTINGS, num_partitions=4,
     )  # fmt: skip
-    emit("rebuild", events=result.events, tables=result.tables)
+    emit("rebuild", events=result.events, tables=result.read_models)
 
 
 PHASES = {
