@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -399,18 +400,27 @@ class Projection:
         return self._running
 
     async def run(
-        self, *, fence: Fence | None = None, until_caught_up: bool = False
+        self, *, until_caught_up: bool = False, fence: Fence | None = None
     ) -> ProjectionStats:
         """Project until `stop()`; raises `ProjectionError` if the handler keeps failing.
 
         With `until_caught_up`, project the events up to the database time at
         the start and return (a backfill; a live run started later resumes
-        from there). With a `fence` (a fleet worker's lease), every transaction
-        that stores offsets first proves the lease is still held, else it rolls
-        back and `run` raises `LeaseLost`. Without one, an event another
-        instance stored already fails the transaction with `OffsetConflict`,
-        never applied twice. Returns the instance's counters.
+        from there). An event another instance stored already fails the
+        transaction with `OffsetConflict`, never applied twice. Returns the
+        instance's counters. (`fence=` is deprecated, until 0.4.0: fleet workers
+        run their instances fenced by their leases themselves.)
         """
+        if fence is not None:
+            warnings.warn(
+                "Projection.run(fence=...) is deprecated: a fleet worker runs its instances "
+                "fenced by their leases; run them with slicejournal worker / FleetWorker",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return await self._run_guarded(fence, until_caught_up)
+
+    async def _run_guarded(self, fence: Fence | None, until_caught_up: bool) -> ProjectionStats:
         # The journal's pool knows only the journal's tables; a missing one of the
         # projections' is `SchemaNotInitialized` too. What the driver raises outside a
         # handler (loading offsets, the pause check, saving offsets, cleanup) leaves as
@@ -863,3 +873,10 @@ async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[No
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()
         raise
+
+
+async def run_fenced(projection: Projection, fence: Fence) -> ProjectionStats:
+    """Run `projection` live with every offset transaction fenced by a fleet worker's
+    lease: each first proves the lease is still held, else it rolls back and this
+    raises `LeaseLost`. For the fleet worker; not a mode of `Projection.run`."""
+    return await projection._run_guarded(fence, until_caught_up=False)

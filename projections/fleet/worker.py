@@ -44,7 +44,7 @@ from journal.durations import name_duration_fields, positive, to_timedelta
 from journal.errors import InvalidArgument, JournalError
 from journal.serialization import SerializerRegistry
 from projections.aio.leases import claim_range, lock_claims, release_lease, renew_leases
-from projections.aio.runner import Projection
+from projections.aio.runner import Projection, run_fenced
 from projections.errors import LeaseLost
 from projections.fencing import Fence
 from projections.fleet.assignment import LeaseRow, plan
@@ -417,7 +417,7 @@ class FleetWorker:
                 projection = self.factory(self.journal, r)
                 instance.projection = projection
                 await self._report(instance, running=True)
-                await projection.run(fence=instance.fence)
+                await run_fenced(projection, instance.fence)
                 # Stopped on request: status must not show it running while parked.
                 with contextlib.suppress(psycopg.Error, JournalError, OSError):
                     await self._report(instance, running=False)

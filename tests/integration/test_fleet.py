@@ -25,6 +25,7 @@ from psycopg import sql
 from journal import Journal, SliceRange
 from projections import LeaseLost, OffsetConflict, Projection, ProjectionSettings, ProjectionStats
 from projections.aio.fleet_control import FleetControl
+from projections.aio.runner import run_fenced
 from projections.fencing import Fence
 from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus
@@ -222,7 +223,7 @@ async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
     projection = whole_grouped(journal, slow_handler, group_after=5)
     epoch = await claim(journal, everything, "me")
     fence = Fence("balances", everything, "me", epoch, 60_000)
-    run = asyncio.create_task(projection.run(fence=fence))
+    run = asyncio.create_task(run_fenced(projection, fence))
     await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}] * 5, expected_seq_nr=0)
     await asyncio.wait_for(in_flight.wait(), 20)
     # The instance is "frozen" with a batch in flight, its writes made but not
@@ -235,6 +236,21 @@ async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
     assert (applied, distinct) == (0, 0), "the frozen instance's batch was committed"
     rows = await fetch_offsets(journal)
     assert rows == 0, "offsets of the rolled-back batch were stored"
+
+
+@pytest.mark.timeout(60)
+async def test_run_with_a_fence_is_deprecated_and_still_fenced(journal: Journal) -> None:
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    projection = whole_grouped(journal, bank.make_grouped_handler(journal), group_after=1)
+    epoch = await claim(journal, everything, "me")
+    await claim(journal, everything, "someone-else")  # the lease moved on before the run
+    await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=0)
+    stale = Fence("balances", everything, "me", epoch, 60_000)
+    with pytest.warns(DeprecationWarning, match="fence"), pytest.raises(LeaseLost):
+        await asyncio.wait_for(projection.run(fence=stale), 20)
+    _, applied, _ = await bank.projected(journal)
+    assert applied == 0
 
 
 @pytest.mark.timeout(60)
@@ -259,7 +275,7 @@ async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_tt
     ttl_ms = 1_000
     epoch = await claim(journal, everything, "me")
     run = asyncio.create_task(
-        projection.run(fence=Fence("balances", everything, "me", epoch, ttl_ms))
+        run_fenced(projection, Fence("balances", everything, "me", epoch, ttl_ms))
     )
     balances = bank.table(journal, "balances")
     pid = f"{bank.ENTITY}|a"
