@@ -29,6 +29,7 @@ import random
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from journal import Journal, JournalSettings, TimestampOffset
 from journal.aio.migrate import migrate
@@ -72,6 +74,8 @@ def run(
     """A script's `main`: echo the command line, then run `main_async(config, args.dsn)`."""
     args, config = parsed
     print(f"$ {command_line()}", flush=True)
+    global _RTT_MS
+    _RTT_MS = float(getattr(args, "rtt_ms", 0.0) or 0.0)
     return asyncio.run(main_async(config, args.dsn))
 
 
@@ -83,27 +87,79 @@ def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
         help=f"PostgreSQL DSN (default: ${DSN_ENV}; if unset, start an embedded server "
         "in a temporary directory, stopped and removed at the end)",
     )
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="route every connection through a TCP proxy that adds this round trip "
+        "(e.g. 1: a network between client and server; benchmarks/_latency_proxy.py)",
+    )
 
 
 @dataclass(frozen=True)
 class Database:
     dsn: str
     embedded: bool
+    rtt_ms: float = 0.0  # the round trip `--rtt-ms` added (a delaying proxy), 0: none
+
+
+_RTT_MS = 0.0  # `--rtt-ms` of this run (`run` sets it)
 
 
 @contextlib.contextmanager
 def database(dsn: str | None) -> Iterator[Database]:
-    """The given database, or a throw-away embedded server for the duration of the block."""
+    """The given database, or a throw-away embedded server for the duration of the block;
+    behind a delaying TCP proxy with `--rtt-ms`."""
     if dsn:
-        yield Database(dsn, embedded=False)
+        with _behind_proxy(dsn) as (reached, rtt):
+            yield Database(reached, embedded=False, rtt_ms=rtt)
         return
     data_dir = Path(tempfile.mkdtemp(prefix="slicejournal-bench-"))
     server = EmbeddedPostgres(data_dir / "pgdata")
     try:
-        yield Database(server.start(), embedded=True)
+        with _behind_proxy(server.start()) as (reached, rtt):
+            yield Database(reached, embedded=True, rtt_ms=rtt)
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _behind_proxy(dsn: str) -> Iterator[tuple[str, float]]:
+    """`dsn` itself, or with `--rtt-ms` the DSN of a `_latency_proxy.py` process in front
+    of its server (TCP on 127.0.0.1), stopped at the end."""
+    if _RTT_MS <= 0:
+        yield dsn, 0.0
+        return
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "/tmp")
+    port = str(params.get("port") or 5432)
+    target = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else f"{host}:{port}"
+    proxy = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_latency_proxy.py")), target,
+         str(_RTT_MS / 2)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proxy.stdout is not None
+        listening = proxy.stdout.readline().strip()
+        if not listening.isdigit():
+            raise RuntimeError(f"the latency proxy did not start: {listening!r}")
+        yield make_conninfo(dsn, host="127.0.0.1", port=listening), _RTT_MS
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+
+
+async def measured_rtt_ms(dsn: str, rounds: int = 50) -> float:
+    """The median time of a `SELECT 1` round trip on one connection, in milliseconds."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            await conn.execute("SELECT 1")
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
 
 
 async def server_description(dsn: str) -> str:
@@ -122,6 +178,11 @@ async def print_environment(db: Database) -> None:
     """The `database:` and `machine:` lines every script starts its report with."""
     where = "embedded server (temporary directory)" if db.embedded else "--dsn"
     print(f"database: {where}; {await server_description(db.dsn)}")
+    if db.rtt_ms:
+        print(
+            f"network:  --rtt-ms {db.rtt_ms:g}: a delaying TCP proxy in front of the server; "
+            f"a SELECT 1 round trip takes {await measured_rtt_ms(db.dsn):.2f} ms (median)"
+        )
     print(f"machine:  {machine_description()}")
 
 

@@ -20,14 +20,14 @@ selects and their decoding, and the validation of a write. No database import.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
 from journal.errors import DeserializationError, InvalidArgument
-from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset
+from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset, _attrs_compatible, _Unordered
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
@@ -78,21 +78,7 @@ class DurableState:
     deleted: bool = False
 
 
-@attrs.frozen
-class DurableStateChange:
-    """One change of an id's durable state as `changes_by_slices` delivers it.
-
-    It is the latest revision the query saw (earlier revisions may have been
-    overwritten before the query read the row), so revisions of one id arrive
-    increasing but not necessarily consecutive. `value` is the state, None for a
-    deletion (`deleted`), `NOT_LOADED` for a backtracking change (its payload is
-    not read; `DurableStateStore.get` reads the latest) and `UNDECODABLE` with
-    `error` when the payload could not be decoded. `offset` resumes a query right
-    after it; `source` is "query", "backtracking" or "heartbeat" (an idle
-    progress marker with no id). `seq_nr` is the revision, for consumers that
-    track one number per id (the projections' offset store).
-    """
-
+class _ChangeFields(NamedTuple):
     persistence_id: str
     entity_type: str
     slice: int
@@ -106,6 +92,40 @@ class DurableStateChange:
     source: str = "query"
     error: DeserializationError | None = None
     deleted: bool = False
+
+
+class DurableStateChange(_Unordered, _ChangeFields):
+    """One change of an id's durable state as `changes_by_slices` delivers it.
+
+    It is the latest revision the query saw (earlier revisions may have been
+    overwritten before the query read the row), so revisions of one id arrive
+    increasing but not necessarily consecutive. `value` is the state, None for a
+    deletion (`deleted`), `NOT_LOADED` for a backtracking change (its payload is
+    not read; `DurableStateStore.get` reads the latest) and `UNDECODABLE` with
+    `error` when the payload could not be decoded. `offset` resumes a query right
+    after it; `source` is "query", "backtracking" or "heartbeat" (an idle
+    progress marker with no id). `seq_nr` is the revision, for consumers that
+    track one number per id (the projections' offset store).
+
+    An immutable value with named fields, tuple-backed like `EventEnvelope` (the
+    changes query builds one per row); `attrs.evolve` or `_replace` make a copy.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
+        return f"DurableStateChange({fields})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DurableStateChange, tuple(self))
+
+    def _replace(self, **changes: Any) -> DurableStateChange:
+        fields = self._asdict()
+        fields.update(changes)
+        return DurableStateChange(**fields)
+
+    __replace__ = _replace  # copy.replace (Python 3.13)
 
     @property
     def seq_nr(self) -> int:
@@ -129,6 +149,9 @@ class DurableStateChange:
         return self.value
 
 
+_attrs_compatible(DurableStateChange, _ChangeFields._fields, dict(_ChangeFields._field_defaults))
+
+
 def heartbeat_change(
     entity_type: str, min_slice: int, offset: TimestampOffset
 ) -> DurableStateChange:
@@ -143,9 +166,9 @@ def rows_to_changes(
     registry: SerializerRegistry,
     *,
     source: str,
-) -> list[DurableStateChange]:
-    """Decode rows selected with `STATE_COLUMNS` (+ payload), each with its offset."""
-    changes = []
+) -> Iterator[DurableStateChange]:
+    """Decode rows selected with `STATE_COLUMNS` (+ payload), each with its offset, one
+    at a time (as `journal.rows.iter_envelopes`, so each dies young)."""
     for row, offset in rows:
         pid, entity_type, slice_, revision, db_ts, ser_id, manifest, tags, deleted, payload = row[
             :STATE_ROW_WIDTH
@@ -161,12 +184,14 @@ def rows_to_changes(
                 )
             except DeserializationError as e:
                 value, error = UNDECODABLE, e
-        change = DurableStateChange(
-            pid, entity_type, slice_, revision, db_ts, value, ser_id, manifest or "",
-            tuple(tags) if tags else (), offset, source, error, bool(deleted),
+        yield _new(
+            DurableStateChange,
+            (pid, entity_type, slice_, revision, db_ts, value, ser_id, manifest or "",
+             tuple(tags) if tags else (), offset, source, error, bool(deleted)),
         )  # fmt: skip
-        changes.append(change)
-    return changes
+
+
+_new = tuple.__new__
 
 
 def row_to_state(registry: SerializerRegistry, pid: str, row: Sequence[Any]) -> DurableState:

@@ -303,10 +303,7 @@ def admit(
             stats.duplicates += 1
             return accepted
         # Durable state: the id's current revision, maybe newer (the module's docstring).
-        if isinstance(found_env, EventEnvelope):
-            env = found_env._replace(offset=env.offset, source=env.source, db_timestamp=ts)
-        else:
-            env = attrs.evolve(found_env, offset=env.offset, source=env.source, db_timestamp=ts)
+        env = found_env._replace(offset=env.offset, source=env.source, db_timestamp=ts)
         seq_nr = env.seq_nr
     state.accept(pid, seq_nr, ts)
     stats.accepted += 1

@@ -17,7 +17,7 @@ Sources are frozen values without a database handle; the statements are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -223,7 +223,7 @@ class StateChangeRows:
         *,
         source: str,
         skip_filtered: bool,
-    ) -> Sequence[DurableStateChange]:
+    ) -> Iterable[DurableStateChange]:
         return rows_to_changes(rows, registry, source=source)
 
     def heartbeat(

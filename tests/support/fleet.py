@@ -41,12 +41,32 @@ def balances(journal: Journal, slice_range: SliceRange) -> Projection:
     )
 
 
-class Fleet(WorkerProcesses):
-    """Workers running `balances` on `schema`, logs in `logs`; `stop_all` waits 20 s."""
+def carts(journal: Journal, slice_range: SliceRange) -> Projection:
+    """A grouped exactly-once projection over durable state (`Cart` ids): the read model
+    of `tests.integration.test_durable_state_projections`, whose `state_applied`
+    primary key makes a revision applied twice an error."""
+    from tests.integration.test_durable_state_projections import grouped_handler
 
-    def __init__(self, dsn: str, schema: str, logs: Path) -> None:
+    return Projection.grouped_changes(
+        journal,
+        name="carts",
+        entity_type="Cart",
+        slice_range=slice_range,
+        handler=grouped_handler(journal.settings.schema),
+        settings=ProjectionSettings(
+            group_after_envelopes=20, group_after_duration=0.1, management_poll_interval=0.5
+        ),
+        query_settings=fast_query_settings(buffer_size=100),
+    )
+
+
+class Fleet(WorkerProcesses):
+    """Workers running `balances` (or `target`) on `schema`, logs in `logs`; `stop_all`
+    waits 20 s."""
+
+    def __init__(self, dsn: str, schema: str, logs: Path, target: str = TARGET) -> None:
         super().__init__(
-            TARGET,
+            target,
             dsn=dsn,
             schema=schema,
             lease_ttl=TTL,
