@@ -137,7 +137,7 @@ def _behind_proxy(dsn: str) -> Iterator[tuple[str, float]]:
     target = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else f"{host}:{port}"
     proxy = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("_latency_proxy.py")), target,
-         str(_RTT_MS / 2)],
+         str(_RTT_MS)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

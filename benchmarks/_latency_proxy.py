@@ -1,12 +1,14 @@
-"""A TCP proxy in front of PostgreSQL that delays every chunk it forwards: a network.
+"""A TCP proxy in front of PostgreSQL that delays what it forwards: a network.
 
-    python benchmarks/_latency_proxy.py TARGET DELAY_MS
+    python benchmarks/_latency_proxy.py TARGET RTT_MS
 
 Users' databases sit across a network, and a Unix socket hides the round trips a
 library makes. This forwards each client connection (TCP, 127.0.0.1, a free port
 printed on the first line of stdout) to `TARGET` (`host:port`, or the path of a
-Unix socket) and holds every chunk `DELAY_MS` milliseconds in each direction
-before passing it on, in order, so one round trip costs at least twice that.
+Unix socket) and holds every chunk from the server `RTT_MS` milliseconds before
+passing it on, in order, so each round trip costs at least that. (All of it on
+the way back: the event loop's timers round a delay up to the millisecond, so two
+half delays would add up to two milliseconds.)
 It runs as a process of its own (`benchmarks/_common.py` starts it for `--rtt-ms`),
 so its work does not share the measured process's event loop; the round trip it
 really gives is measured and printed by the benchmark (the event loop's timers
@@ -59,7 +61,7 @@ async def _serve(target: str, delay: float) -> None:
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await connect()
         await asyncio.gather(
-            _forward(client_r, server_w, delay), _forward(server_r, client_w, delay)
+            _forward(client_r, server_w, 0.0), _forward(server_r, client_w, delay)
         )
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
