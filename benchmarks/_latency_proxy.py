@@ -60,9 +60,7 @@ async def _serve(target: str, delay: float) -> None:
 
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await connect()
-        await asyncio.gather(
-            _forward(client_r, server_w, 0.0), _forward(server_r, client_w, delay)
-        )
+        await asyncio.gather(_forward(client_r, server_w, 0.0), _forward(server_r, client_w, delay))
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
