@@ -12,6 +12,7 @@ import math
 import os
 import socket
 import uuid
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ from journal.durations import (
     positive,
     to_timedelta,
 )
-from journal.errors import InvalidSettings
+from journal.errors import InvalidArgument, InvalidSettings
 
 MAX_IDENTIFIER_BYTES = 63
 
@@ -198,3 +199,20 @@ class JournalSettings:
             raise InvalidSettings(
                 f"pool_min_size ({self.pool_min_size}) exceeds pool_max_size ({self.pool_max_size})"
             )
+
+
+def renamed_query_settings(
+    query_settings: QuerySettings | None, settings: QuerySettings | None
+) -> QuerySettings | None:
+    """A slice query's `query_settings`, or its deprecated `settings=` (with a warning:
+    one name, one thing; `settings` is a `JournalSettings` everywhere else)."""
+    if settings is None:
+        return query_settings
+    warnings.warn(
+        "settings= of a slice query is deprecated: pass query_settings= (a QuerySettings)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if query_settings is not None:
+        raise InvalidArgument("pass query_settings= only (settings= is its deprecated name)")
+    return settings

@@ -139,7 +139,7 @@ class DurableStateStore:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> AsyncGenerator[DurableStateChange, None]:
         """Live stream of the entity type's state changes in a slice range, never ending.
 
@@ -159,7 +159,7 @@ class DurableStateStore:
             source=STATE_CHANGES,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
         )
 
     def current_changes_by_slices(
@@ -169,7 +169,7 @@ class DurableStateStore:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> AsyncGenerator[DurableStateChange, None]:
         """The range's changes up to the database time at the start, then the end."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
@@ -180,5 +180,5 @@ class DurableStateStore:
             offset,
             source=STATE_CHANGES,
             live=False,
-            settings=settings,
+            settings=query_settings,
         )

@@ -39,7 +39,7 @@ from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS
 from journal.rows import row_to_envelope
 from journal.schema import TableNaming
 from journal.serialization import SerializerRegistry
-from journal.settings import JournalSettings, QuerySettings
+from journal.settings import JournalSettings, QuerySettings, renamed_query_settings
 from journal.slices import validate_persistence_id
 from journal.tables import Tables
 from journal.writer import prepare_append
@@ -350,9 +350,10 @@ class Journal:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
         filter: EventFilter | None = None,
         filtered_envelopes: bool = False,
+        settings: QuerySettings | None = None,
     ) -> AsyncGenerator[EventEnvelope, None]:
         """Live stream of the entity type's events in a slice range, never ending on its own.
 
@@ -368,8 +369,13 @@ class Journal:
         `filtered_envelopes=True` the others come too, key and offset only
         (`envelope.filtered`): what a consumer that tracks every seq_nr of an id
         needs (projections do).
+
+        `query_settings`: the `QuerySettings` of this stream (default: the journal's).
+        `settings=` is its deprecated name (until 0.4.0): elsewhere `settings` is a
+        `JournalSettings`.
         """
         check_slice_query(entity_type, min_slice, max_slice, offset)
+        query_settings = renamed_query_settings(query_settings, settings)
         return self._slices.stream(
             entity_type,
             min_slice,
@@ -378,7 +384,7 @@ class Journal:
             source=EVENTS,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
             event_filter=check_filter(filter),
             filtered_envelopes=filtered_envelopes,
         )
@@ -390,13 +396,15 @@ class Journal:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
         filter: EventFilter | None = None,
         filtered_envelopes: bool = False,
+        settings: QuerySettings | None = None,
     ) -> AsyncGenerator[EventEnvelope, None]:
         """The range's events up to the database time at the start, then the end
         (`filter`, `filtered_envelopes`: as for `events_by_slices`)."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
+        query_settings = renamed_query_settings(query_settings, settings)
         return self._slices.stream(
             entity_type,
             min_slice,
@@ -404,7 +412,7 @@ class Journal:
             offset,
             source=EVENTS,
             live=False,
-            settings=settings,
+            settings=query_settings,
             event_filter=check_filter(filter),
             filtered_envelopes=filtered_envelopes,
         )
@@ -417,7 +425,7 @@ class Journal:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> AsyncGenerator[EventEnvelope, None]:
         """`events_by_slices`, with each id's snapshot in place of its events up to the
         snapshot's seq_nr: the server ships the snapshots and the events after them.
@@ -442,7 +450,7 @@ class Journal:
             source=EVENTS_FROM_SNAPSHOTS,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
         )
 
     def current_events_by_slices_from_snapshots(
@@ -452,7 +460,7 @@ class Journal:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> AsyncGenerator[EventEnvelope, None]:
         """`events_by_slices_from_snapshots` up to the database time at the start, then
         the end: a new read model's catch-up from snapshots."""
@@ -464,7 +472,7 @@ class Journal:
             offset,
             source=EVENTS_FROM_SNAPSHOTS,
             live=False,
-            settings=settings,
+            settings=query_settings,
         )
 
     @translate_errors

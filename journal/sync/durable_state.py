@@ -141,7 +141,7 @@ class SyncDurableStateStore:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> Generator[DurableStateChange, None, None]:
         """Live stream of the entity type's state changes in a slice range, never ending.
 
@@ -161,7 +161,7 @@ class SyncDurableStateStore:
             source=STATE_CHANGES,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
         )
 
     def current_changes_by_slices(
@@ -171,7 +171,7 @@ class SyncDurableStateStore:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> Generator[DurableStateChange, None, None]:
         """The range's changes up to the database time at the start, then the end."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
@@ -182,5 +182,5 @@ class SyncDurableStateStore:
             offset,
             source=STATE_CHANGES,
             live=False,
-            settings=settings,
+            settings=query_settings,
         )

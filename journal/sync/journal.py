@@ -31,7 +31,7 @@ from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS
 from journal.rows import row_to_envelope
 from journal.schema import TableNaming
 from journal.serialization import SerializerRegistry
-from journal.settings import JournalSettings, QuerySettings
+from journal.settings import JournalSettings, QuerySettings, renamed_query_settings
 from journal.slices import validate_persistence_id
 from journal.sync.by_persistence_id import PersistenceIdQueries
 from journal.sync.erasure import Eraser
@@ -345,9 +345,10 @@ class SyncJournal:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
         filter: EventFilter | None = None,
         filtered_envelopes: bool = False,
+        settings: QuerySettings | None = None,
     ) -> Generator[EventEnvelope, None, None]:
         """Live stream of the entity type's events in a slice range, never ending on its own.
 
@@ -363,8 +364,13 @@ class SyncJournal:
         `filtered_envelopes=True` the others come too, key and offset only
         (`envelope.filtered`): what a consumer that tracks every seq_nr of an id
         needs (projections do).
+
+        `query_settings`: the `QuerySettings` of this stream (default: the journal's).
+        `settings=` is its deprecated name (until 0.4.0): elsewhere `settings` is a
+        `JournalSettings`.
         """
         check_slice_query(entity_type, min_slice, max_slice, offset)
+        query_settings = renamed_query_settings(query_settings, settings)
         return self._slices.stream(
             entity_type,
             min_slice,
@@ -373,7 +379,7 @@ class SyncJournal:
             source=EVENTS,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
             event_filter=check_filter(filter),
             filtered_envelopes=filtered_envelopes,
         )
@@ -385,13 +391,15 @@ class SyncJournal:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
         filter: EventFilter | None = None,
         filtered_envelopes: bool = False,
+        settings: QuerySettings | None = None,
     ) -> Generator[EventEnvelope, None, None]:
         """The range's events up to the database time at the start, then the end
         (`filter`, `filtered_envelopes`: as for `events_by_slices`)."""
         check_slice_query(entity_type, min_slice, max_slice, offset)
+        query_settings = renamed_query_settings(query_settings, settings)
         return self._slices.stream(
             entity_type,
             min_slice,
@@ -399,7 +407,7 @@ class SyncJournal:
             offset,
             source=EVENTS,
             live=False,
-            settings=settings,
+            settings=query_settings,
             event_filter=check_filter(filter),
             filtered_envelopes=filtered_envelopes,
         )
@@ -412,7 +420,7 @@ class SyncJournal:
         offset: TimestampOffset | None = None,
         *,
         heartbeats: bool = False,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> Generator[EventEnvelope, None, None]:
         """`events_by_slices`, with each id's snapshot in place of its events up to the
         snapshot's seq_nr: the server ships the snapshots and the events after them.
@@ -437,7 +445,7 @@ class SyncJournal:
             source=EVENTS_FROM_SNAPSHOTS,
             live=True,
             heartbeats=heartbeats,
-            settings=settings,
+            settings=query_settings,
         )
 
     def current_events_by_slices_from_snapshots(
@@ -447,7 +455,7 @@ class SyncJournal:
         max_slice: int,
         offset: TimestampOffset | None = None,
         *,
-        settings: QuerySettings | None = None,
+        query_settings: QuerySettings | None = None,
     ) -> Generator[EventEnvelope, None, None]:
         """`events_by_slices_from_snapshots` up to the database time at the start, then
         the end: a new read model's catch-up from snapshots."""
@@ -459,7 +467,7 @@ class SyncJournal:
             offset,
             source=EVENTS_FROM_SNAPSHOTS,
             live=False,
-            settings=settings,
+            settings=query_settings,
         )
 
     @translate_errors

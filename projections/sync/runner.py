@@ -520,26 +520,30 @@ class SyncProjection:
             if until_caught_up:
                 stream = self._states.current_changes_by_slices(
                     self.entity_type, r.min_slice, r.max_slice, start,
-                    settings=self.query_settings,
+                    query_settings=self.query_settings,
                 )  # fmt: skip
             else:
                 stream = self._states.changes_by_slices(
                     self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
-                    settings=self.query_settings,
+                    query_settings=self.query_settings,
                 )  # fmt: skip
         elif self.source is EVENTS_FROM_SNAPSHOTS and until_caught_up:
             stream = self.journal.current_events_by_slices_from_snapshots(
-                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings
+                self.entity_type,
+                r.min_slice,
+                r.max_slice,
+                start,
+                query_settings=self.query_settings,
             )
         elif self.source is EVENTS_FROM_SNAPSHOTS:
             stream = self.journal.events_by_slices_from_snapshots(
                 self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
-                settings=self.query_settings,
+                query_settings=self.query_settings,
             )  # fmt: skip
         elif until_caught_up:
             stream = self.journal.current_events_by_slices(
-                self.entity_type, r.min_slice, r.max_slice, start, settings=self.query_settings,
-                filter=self.filter, filtered_envelopes=True,
+                self.entity_type, r.min_slice, r.max_slice, start,
+                query_settings=self.query_settings, filter=self.filter, filtered_envelopes=True,
             )  # fmt: skip
         else:
             stream = self.journal.events_by_slices(
@@ -548,7 +552,7 @@ class SyncProjection:
                 r.max_slice,
                 start,
                 heartbeats=True,
-                settings=self.query_settings,
+                query_settings=self.query_settings,
                 filter=self.filter,
                 filtered_envelopes=True,
             )

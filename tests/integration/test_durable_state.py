@@ -205,7 +205,8 @@ async def test_live_changes_see_every_final_revision_through_long_transactions(
         readers.append(
             asyncio.create_task(
                 collect(
-                    store.changes_by_slices(ENTITY, 0, 1023, settings=pekko_query), behind_clock
+                    store.changes_by_slices(ENTITY, 0, 1023, query_settings=pekko_query),
+                    behind_clock,
                 )
             )
         )

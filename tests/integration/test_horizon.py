@@ -66,7 +66,7 @@ async def test_long_transactions_reach_every_stream_and_projection_once(
         readers.append(
             asyncio.create_task(
                 collect_until(
-                    j.events_by_slices(bank.ENTITY, 0, 1023, settings=pekko_query),
+                    j.events_by_slices(bank.ENTITY, 0, 1023, query_settings=pekko_query),
                     behind_clock,
                     done,
                 )

@@ -304,3 +304,16 @@ async def test_catch_up_query_uses_the_slice_index(pg_dsn: str, journal: Journal
         cur = await conn.execute(psycopg.sql.SQL("EXPLAIN ") + statement, params)
         plan = "\n".join(r[0] for r in await cur.fetchall())
         assert journal.tables.journal_slice_index.as_string(conn).strip('"') in plan, plan
+
+
+@pytest.mark.timeout(30)
+async def test_settings_of_a_slice_query_is_the_deprecated_name_of_query_settings(
+    journal: Journal,
+) -> None:
+    await journal.append("Acct|dep", [{"n": 1}], expected_seq_nr=0)
+    query = fast_query_settings(buffer_size=7)
+    with pytest.warns(DeprecationWarning, match="query_settings="):
+        read = [e async for e in journal.current_events_by_slices("Acct", 0, 1023, settings=query)]
+    assert [e.seq_nr for e in read] == [1]
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgument, match="only"):
+        journal.events_by_slices("Acct", 0, 1023, settings=query, query_settings=query)
