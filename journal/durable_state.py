@@ -113,20 +113,6 @@ class DurableStateChange(_Unordered, _ChangeFields):
 
     __slots__ = ()
 
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
-        return f"DurableStateChange({fields})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (DurableStateChange, tuple(self))
-
-    def _replace(self, **changes: Any) -> DurableStateChange:
-        fields = self._asdict()
-        fields.update(changes)
-        return DurableStateChange(**fields)
-
-    __replace__ = _replace  # copy.replace (Python 3.13)
-
     @property
     def seq_nr(self) -> int:
         """The revision (one number per id, as an event's seq_nr)."""
@@ -149,7 +135,7 @@ class DurableStateChange(_Unordered, _ChangeFields):
         return self.value
 
 
-_attrs_compatible(DurableStateChange, _ChangeFields._fields, dict(_ChangeFields._field_defaults))
+_attrs_compatible(DurableStateChange, _ChangeFields._field_defaults)
 
 
 def heartbeat_change(

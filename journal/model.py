@@ -49,15 +49,16 @@ class _Unordered:
         return NotImplemented
 
 
-def _attrs_compatible(cls: Any, fields: tuple[str, ...], defaults: dict[str, Any]) -> None:
-    """Give a tuple-backed value the `__attrs_attrs__` that `attrs.evolve`, `attrs.asdict`
-    and `attrs.fields` read, so code written when it was an attrs class keeps working."""
-
+def _attrs_compatible(cls: Any, defaults: Mapping[str, Any]) -> None:
+    """Give a tuple-backed value (a `NamedTuple` subclass) the `__attrs_attrs__` that
+    `attrs.evolve`, `attrs.asdict` and `attrs.fields` read, so code written when it
+    was an attrs class keeps working. (Its `repr`, pickling and `_replace` are the
+    named tuple's own.)"""
     spec = attrs.make_class(
         cls.__name__,
         {
             name: attrs.field(default=defaults[name]) if name in defaults else attrs.field()
-            for name in fields
+            for name in cls._fields
         },
         frozen=True,
     )
@@ -143,6 +144,7 @@ class TimestampOffset(_Unordered, _OffsetFields):
         return (TimestampOffset, (self.timestamp, self.read_timestamp, dict(self.seen)))
 
     def _replace(self, **changes: Any) -> TimestampOffset:
+        # Through `__new__`, unlike the named tuple's: a new `seen` is frozen too.
         fields = self._asdict()
         fields.update(changes)
         return TimestampOffset(**fields)
@@ -155,15 +157,7 @@ class TimestampOffset(_Unordered, _OffsetFields):
         return cls(EPOCH, EPOCH, {})
 
 
-_attrs_compatible(TimestampOffset, _OffsetFields._fields, {"read_timestamp": EPOCH, "seen": None})
-
-
-def new_offset(
-    timestamp: datetime, read_timestamp: datetime, seen: MappingProxyType[str, int]
-) -> TimestampOffset:
-    """TimestampOffset(timestamp, read_timestamp, seen) for a `seen` that is already a
-    read-only view (the hot path's; see `journal.query.scan`)."""
-    return _new_tuple(TimestampOffset, (timestamp, read_timestamp, seen))
+_attrs_compatible(TimestampOffset, {"read_timestamp": EPOCH, "seen": None})
 
 
 _new_tuple: Final = tuple.__new__
@@ -214,25 +208,11 @@ class EventEnvelope(_Unordered, _EnvelopeFields):
     `filtered`).
 
     An immutable value with named fields (`attrs.evolve` or `_replace` make a
-    changed copy). Like `TimestampOffset` it is a tuple underneath, because a
-    catch-up builds one per event.
+    changed copy; `copy.replace` too on Python 3.13). Like `TimestampOffset` it is a
+    tuple underneath, because a catch-up builds one per event.
     """
 
     __slots__ = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
-        return f"EventEnvelope({fields})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (EventEnvelope, tuple(self))
-
-    def _replace(self, **changes: Any) -> EventEnvelope:
-        fields = self._asdict()
-        fields.update(changes)
-        return EventEnvelope(**fields)
-
-    __replace__ = _replace  # copy.replace (Python 3.13)
 
     def decoded_event(self) -> Any:
         """The event, or raise the `DeserializationError` that kept it from being decoded."""
@@ -265,11 +245,7 @@ class EventEnvelope(_Unordered, _EnvelopeFields):
         return self.source == SNAPSHOT_SOURCE
 
 
-_attrs_compatible(
-    EventEnvelope,
-    _EnvelopeFields._fields,
-    {k: v for k, v in _EnvelopeFields._field_defaults.items()},
-)
+_attrs_compatible(EventEnvelope, _EnvelopeFields._field_defaults)
 
 
 def new_envelope(

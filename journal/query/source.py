@@ -171,13 +171,16 @@ class SnapshotStartRows(EventRows):
         source: str,
         skip_filtered: bool,
     ) -> Iterable[EventEnvelope]:
-        for pair in rows:
-            kind = (
-                SNAPSHOT_SOURCE
-                if len(pair[0]) > SNAPSHOT_FLAG + 1 and pair[0][SNAPSHOT_FLAG]
-                else source
-            )
-            yield from iter_envelopes((pair,), registry, source=kind)
+        # One decoder run over the rows (its decoder lookups shared), one envelope per
+        # row: a snapshot row (flagged; backtracking rows have no flag) is relabelled.
+        pairs = list(rows)
+        for (row, _), envelope in zip(
+            pairs, iter_envelopes(pairs, registry, source=source), strict=True
+        ):
+            if len(row) > SNAPSHOT_FLAG + 1 and row[SNAPSHOT_FLAG]:
+                yield envelope._replace(source=SNAPSHOT_SOURCE)
+            else:
+                yield envelope
 
 
 @attrs.frozen
