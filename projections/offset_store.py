@@ -29,6 +29,17 @@ least `accept_sequence_number_reset_after` start a new lifetime instead of
 being duplicates. Records are therefore ordered per pid by (timestamp,
 seq_nr), not seq_nr alone: the newest is the pid's *handled* record.
 
+**A tombstone is handled before the id's next lifetime**, however late the
+stream brings it (backtracking re-reads, a transaction the horizon did not
+wait for): once a later event is handled, an earlier tombstone is "from the
+pid's past" (below) and never applied, and whatever the handler derived from
+the erased lifetime would stay. So gap fills fetch tombstones as slice queries
+deliver them (a kept sequence's tombstone sits in the gap below the next
+event), an unknown pid's previous seq_nr counts as stored when it is a
+tombstone (its gap is filled), and a new lifetime's seq_nr 1 first asks for
+the id's seq_nr 0 (a gap 0..0): the reset tombstone, if the journal has one
+newer than the handled record.
+
 **Nothing older than the handled record comes back.** An envelope whose
 db_timestamp is earlier than its pid's handled (stored or in-flight) record
 is a duplicate, whatever its seq_nr. Why this is sound and needed: the
@@ -147,6 +158,8 @@ ACCEPTED = Validation(Verdict.ACCEPTED)
 DUPLICATE = Validation(Verdict.DUPLICATE)
 NEEDS_PREVIOUS_TIMESTAMP = Validation(Verdict.NEEDS_PREVIOUS_TIMESTAMP)
 NEEDS_STORED_OFFSET = Validation(Verdict.NEEDS_STORED_OFFSET)
+# Fetch the id's seq_nr 0 (a reset tombstone) before accepting a new lifetime's seq_nr 1.
+_RESET_TOMBSTONE = Validation(Verdict.GAP, 0, 0)
 
 
 class _Unknown:
@@ -356,7 +369,13 @@ class OffsetState:
             if not self.consecutive or snapshot:
                 return DUPLICATE if seq_nr <= handled.seq_nr else ACCEPTED
             if seq_nr <= handled.seq_nr:
-                return ACCEPTED if self._resets(seq_nr, timestamp, handled) else DUPLICATE
+                if not self._resets(seq_nr, timestamp, handled):
+                    return DUPLICATE
+                if seq_nr == 1 and deleted_to is None:
+                    # A new lifetime: its reset tombstone first (below), if the journal
+                    # holds one; the gap fill's answer then settles this envelope.
+                    return _RESET_TOMBSTONE
+                return ACCEPTED
             if seq_nr == handled.seq_nr + 1:
                 return ACCEPTED
             return _gap(handled.seq_nr + 1, seq_nr - 1, deleted_to)

@@ -344,16 +344,24 @@ def horizon(
 
 
 def by_persistence_id(
-    tables: Tables, event_filter: EventFilter | None = None
+    tables: Tables, event_filter: EventFilter | None = None, *, tombstones: bool = False
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """Events of one id in seq_nr order, from/to inclusive, paged by LIMIT; the
-    parameters besides pid, from_seq, to_seq and limit (a filter's)."""
+    parameters besides pid, from_seq, to_seq and limit (a filter's).
+
+    With `tombstones`, `delete_all`'s tombstones come too, as slice queries deliver
+    them (`delivered_rows`): a projection's gap fill must hand the erasure to the
+    handler before the id's next lifetime, whenever the tombstone itself arrives."""
     matched, params = filter_matches(event_filter)
+    rows: sql.Composable = sql.SQL("deleted = false")
+    if tombstones:
+        rows, delivered_params = delivered_rows()
+        params = {**params, **delivered_params}
     statement = sql.SQL(
         "SELECT {columns} FROM {journal} WHERE persistence_id = %(pid)s "
-        "AND seq_nr >= %(from_seq)s AND seq_nr <= %(to_seq)s AND deleted = false "
+        "AND seq_nr >= %(from_seq)s AND seq_nr <= %(to_seq)s AND {rows} "
         "ORDER BY seq_nr LIMIT %(limit)s"
-    ).format(columns=envelope_columns(matched=matched), journal=tables.journal)
+    ).format(columns=envelope_columns(matched=matched), journal=tables.journal, rows=rows)
     return statement, params
 
 
@@ -370,6 +378,17 @@ def timestamp_of(tables: Tables) -> sql.Composed:
         "SELECT db_timestamp FROM {journal} WHERE persistence_id = %s AND seq_nr = %s "
         "AND NOT deleted"
     ).format(journal=tables.journal)
+
+
+def delivered_timestamp_of(tables: Tables) -> sql.Composed:
+    """The db_timestamp of a row slice queries deliver: a stored, not deleted event or
+    a tombstone (`delivered_rows`). A projection asks it of an unknown id's previous
+    seq_nr: a tombstone there is an erasure its handler must see first (a gap fill)."""
+    condition, _ = delivered_rows()
+    return sql.SQL(
+        "SELECT db_timestamp FROM {journal} WHERE persistence_id = %(pid)s "
+        "AND seq_nr = %(seq_nr)s AND {condition}"
+    ).format(journal=tables.journal, condition=condition)
 
 
 def deleted_to(tables: Tables) -> sql.Composed:

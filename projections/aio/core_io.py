@@ -73,7 +73,10 @@ async def reply_to(
         stored = records_of(await cur.fetchall())
         return stored[0] if stored else None
     if isinstance(request, PreviousTimestamp):
-        cur = await conn.execute(q.timestamp_of(tables), (pid, request.seq_nr))
+        _, delivered = q.delivered_rows()
+        cur = await conn.execute(
+            q.delivered_timestamp_of(tables), {"pid": pid, "seq_nr": request.seq_nr, **delivered}
+        )
         row = await cur.fetchone()
         timestamp = None if row is None else row[0]
         deleted_to = 0 if row is not None else await _deleted_to(conn, tables, pid, request.seq_nr)
@@ -85,7 +88,7 @@ async def reply_to(
             "to_seq": request.to_seq_nr,
             "limit": request.to_seq_nr - request.from_seq_nr + 1,
         }
-        by_pid, filter_params = q.by_persistence_id(tables, event_filter)
+        by_pid, filter_params = q.by_persistence_id(tables, event_filter, tombstones=True)
         cur = await conn.execute(by_pid, {**params, **filter_params})
         rows = await cur.fetchall()
         events = [row_to_envelope(r, registry, source="persistence_id") for r in rows]

@@ -27,6 +27,7 @@ from journal import (
     slice_for,
     slice_ranges,
 )
+from journal.model import TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
 from projections import (
     Projection,
     ProjectionGroup,
@@ -185,6 +186,64 @@ async def test_delete_all_tells_projections_and_the_id_continues_or_starts_again
     # Run again (and restart from the stored offsets): everything is a duplicate now.
     seen.clear()
     await projection.run(until_caught_up=True)
+    assert seen == []
+
+
+async def test_a_tombstone_the_stream_brings_late_is_handled_before_the_next_lifetime(
+    bank_journal: Journal,
+) -> None:
+    # An erasure's tombstone whose db_timestamp the stream has already passed when it
+    # becomes visible (as backtracking or a transaction the horizon did not wait for
+    # bring it): the id's next event finds it through its gap fill, so the handler
+    # erases first. Taken for mere deletion evidence, the erased lifetime's rows would
+    # stay in the read model, and the late tombstone itself is "from the pid's past".
+    j = bank_journal
+    kept, reset, other = bank.account(6), bank.account(7), bank.account(8)
+    for pid in (kept, reset):
+        await j.append(pid, [EVENT] * 5, expected_seq_nr=0)
+    await j.append(other, [EVENT], expected_seq_nr=0)
+    seen: Seen = []
+    projection = recording(j, seen)
+    running = asyncio.create_task(projection.run())
+    await eventually(lambda: len(seen) == 11, "the first events handled")
+    passed = await j.timestamp_of(other, 1)
+    assert passed is not None
+    tombstone = sql.SQL(
+        "INSERT INTO {} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, "
+        "event_ser_id, event_ser_manifest, event_payload, deleted) "
+        "VALUES (%s, %s, %s, %s, %s, 'eraser', %s, %s, ''::bytea, true)"
+    ).format(j.tables.journal)
+    erase = sql.SQL("DELETE FROM {} WHERE persistence_id = %s AND seq_nr > 0").format(
+        j.tables.journal
+    )
+    late = passed - timedelta(microseconds=1)  # after the ids' events, before the position
+    async with j.pool.connection() as conn, conn.transaction():
+        for pid, seq_nr in ((kept, 6), (reset, 0)):
+            if seq_nr == 0:
+                await conn.execute(erase, (pid,))
+            await conn.execute(
+                tombstone,
+                (slice_for(pid), bank.ENTITY, pid, seq_nr, late, TOMBSTONE_SER_ID,
+                 TOMBSTONE_MANIFEST),
+            )  # fmt: skip
+        await conn.execute(
+            sql.SQL("DELETE FROM {} WHERE persistence_id = %s AND seq_nr < 6").format(
+                j.tables.journal
+            ),
+            (kept,),
+        )
+    assert len(seen) == 11
+    await j.append(kept, [EVENT], expected_seq_nr=6)
+    await j.append(reset, [EVENT], expected_seq_nr=0)
+    await eventually(
+        lambda: {(kept, 7, False), (reset, 1, False)} <= set(seen), "the next lifetimes handled"
+    )
+    await projection.stop()
+    await running
+    assert [s for s in seen[11:] if s[0] == kept] == [(kept, 6, True), (kept, 7, False)]
+    assert [s for s in seen[11:] if s[0] == reset] == [(reset, 0, True), (reset, 1, False)]
+    seen.clear()
+    await projection.run(until_caught_up=True)  # from the stored offsets: all handled
     assert seen == []
 
 

@@ -174,8 +174,13 @@ def test_a_seq_nr_1_later_than_the_handled_event_starts_a_new_lifetime(
     state = OffsetState(WINDOW, [Record(7, "a", handled, at(100))], reset_after=after)
     v = state.validate("a", 1, 7, at(100 + later))
     new_lifetime = after is not None and later > 0 and timedelta(seconds=later) >= after
-    assert v.verdict is (Verdict.ACCEPTED if new_lifetime else Verdict.DUPLICATE)
+    # A new lifetime asks for the id's reset tombstone (seq_nr 0) first; with the
+    # gap fill's answer (none here: evidence 0) it is accepted.
+    assert (v.verdict, v.missing_from, v.missing_to) == (
+        (Verdict.GAP, 0, 0) if new_lifetime else (Verdict.DUPLICATE, 0, 0)
+    )
     if new_lifetime:
+        assert state.validate("a", 1, 7, at(100 + later), deleted_to=0).accepted
         state.accept("a", 1, at(100 + later))
         assert state.seq_nr_of("a") == 1
         assert state.validate("a", 2, 7, at(101 + later)).accepted
@@ -208,6 +213,58 @@ def test_a_tombstone_without_a_reset_follows_the_last_event() -> None:
     assert d.offer(env("a", 6, 20, deleted=True), 0.0) == MissingEvents("a", 3, 5)
     assert d.answer(GapFill([], 6), 0.0) is None
     assert [e.seq_nr for e in d.pending] == [6]
+
+
+# -- a tombstone the stream brings late -----------------------------------------------------------
+# Backtracking, or a transaction the horizon did not wait for, can bring an erasure's
+# tombstone after the id's next event. The next event's gap fill hands it over first, so
+# the handler erases before the new lifetime, and the late copy is a duplicate.
+
+
+def test_a_late_kept_tombstone_comes_through_the_next_events_gap_fill() -> None:
+    c = core([Record(7, "a", 5, at(10))])
+    assert c.offer(env("a", 7, 30), 0.0) == MissingEvents("a", 6, 6)
+    assert c.answer(GapFill([env("a", 6, 20, deleted=True)], 6), 0.0) is None
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(6, True), (7, False)]
+    assert c.offer(env("a", 6, 20, deleted=True), 0.0) is None  # the late copy
+    assert len(c.pending) == 2
+
+
+def test_a_late_reset_tombstone_comes_before_the_new_lifetime() -> None:
+    c = core([Record(7, "a", 5, at(10))])
+    assert c.offer(env("a", 1, 30), 0.0) == MissingEvents("a", 0, 0)
+    assert c.answer(GapFill([env("a", 0, 20, deleted=True)], 0), 0.0) is None
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(0, True), (1, False)]
+    assert c.offer(env("a", 0, 20, deleted=True), 0.0) is None  # the late copy
+    assert c.offer(env("a", 2, 31), 0.0) is None
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(0, True), (1, False), (2, False)]
+
+
+def test_a_reset_tombstone_moved_past_the_new_lifetime_erases_it() -> None:
+    # A second reset moved the id's seq_nr 0 after the lifetime the stream is reading:
+    # that lifetime was erased too, so none of it is applied.
+    c = core([Record(7, "a", 5, at(10))])
+    assert c.offer(env("a", 1, 30), 0.0) == MissingEvents("a", 0, 0)
+    assert c.answer(GapFill([env("a", 0, 40, deleted=True)], 0), 0.0) is None
+    assert c.offer(env("a", 2, 31), 0.0) is None
+    assert c.offer(env("a", 1, 41), 0.0) is None  # the newest lifetime
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(0, True), (1, False)]
+    assert c.pending[-1].db_timestamp == at(41)
+
+
+def test_a_reset_with_no_tombstone_found_still_starts_the_new_lifetime() -> None:
+    c = core([Record(7, "a", 5, at(10))])
+    assert c.offer(env("a", 1, 30), 0.0) == MissingEvents("a", 0, 0)
+    assert c.answer(GapFill([], 0), 0.0) is None
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(1, False)]
+
+
+def test_an_unknown_pids_previous_tombstone_is_handled_first() -> None:
+    c = core()
+    assert c.offer(env("a", 7, 30), 0.0) == PreviousTimestamp("a", 6)
+    assert c.answer(Previous(at(20), 0), 0.0) == MissingEvents("a", 1, 6)
+    assert c.answer(GapFill([env("a", 6, 20, deleted=True)], 6), 0.0) is None
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(6, True), (7, False)]
 
 
 # -- an unknown pid's stored row (Akka #1197) ------------------------------------------------------
