@@ -10,11 +10,18 @@ connection through the generated sync twin — with the journal's own
 statements, so no runner carries a copy of this SQL. A projection over
 durable state (`source=STATE_CHANGES`) asks only for stored offsets and
 payloads; a payload is the id's current state (`DurableStateSql.select`).
+
+`drive` is the one loop that executes a core's actions, for every runner of
+this flavour: the in-process runner and, through the sync twin, the Spark sink.
+What differs between them — a transaction per batch with the recovery strategy,
+or the partition's one fenced transaction — is what they pass it to write with;
+a new kind of action is a change here, never a second loop.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -155,3 +162,29 @@ class CoreReads:
             action = core.answer(await self.reply(action), time.monotonic())
         assert action is None or isinstance(action, Handle | Commit | SaveOffsets)
         return action
+
+
+async def drive(
+    core: ProjectionCore,
+    action: Action | None,
+    reads: CoreReads,
+    *,
+    handle: Callable[[Handle], Awaitable[bool]],
+    commit: Callable[[Commit], Awaitable[bool]],
+    save: Callable[[SaveOffsets], Awaitable[None]],
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Execute `action` and every action the core asks for after it, until it has none:
+    its reads through `reads`, its writes through the runner's own `handle` (an
+    at-least-once handler call), `commit` (the handler and the offsets in one
+    transaction) and `save` (offsets alone); each outcome is fed back. `handle` and
+    `commit` return True when the envelopes were dead-lettered (skipped)."""
+    while (action := await reads.drive(core, action)) is not None:
+        if isinstance(action, Handle):
+            done = core.skipped if await handle(action) else core.handled
+        elif isinstance(action, Commit):
+            done = core.skipped if await commit(action) else core.committed
+        else:
+            await save(action)
+            done = core.committed
+        action = done(clock())

@@ -67,7 +67,7 @@ from journal.model import EventEnvelope, TimestampOffset
 from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS, STATE_CHANGES, RowSource
 from journal.settings import QuerySettings
 from journal.slices import SliceRange
-from projections.aio.core_io import CoreReads
+from projections.aio.core_io import CoreReads, drive
 from projections.aio.offset_dao import (
     OffsetDao,
     insert_dead_letters,
@@ -81,13 +81,10 @@ from projections.core import (
     Commit,
     Envelope,
     Handle,
-    LoadPayload,
-    MissingEvents,
     Mode,
-    PreviousTimestamp,
     ProjectionCore,
     ProjectionStats,
-    StoredOffset,
+    SaveOffsets,
     record_of,
     wanted,
 )
@@ -641,33 +638,35 @@ class Projection:
 
     async def _drive(self, action: Action | None) -> None:
         """Execute actions, feeding each outcome back, until the core has nothing to do."""
-        core = self._core
-        while action is not None:
-            if isinstance(action, StoredOffset | PreviousTimestamp | MissingEvents | LoadPayload):
-                action = await self._reads.drive(core, action)
-                continue
-            if isinstance(action, Handle):
-                skipped = await self._batch([action.envelope], self._call_at_least_once)
-                action = (core.skipped if skipped else core.handled)(self._now())
-            elif isinstance(action, Commit):
-                commit = action
-                skipped = await self._batch(
-                    list(commit.envelopes), partial(self._call_in_transaction, commit)
-                )
-                if self._tel is not NO_INSTANCE_TELEMETRY:
-                    self._tel.offsets_stored(len(commit.events if skipped else commit.records))
-                action = (core.skipped if skipped else core.committed)(self._now())
-                self._committed()
-            else:
-                try:
-                    async with self.journal.pool.connection() as conn, conn.transaction():
-                        await self._dao.save(conn, self.key, action.records, self._fence)
-                except Exception as error:
-                    self._raise_offset_failure(error)
-                    raise
-                self._tel.offsets_stored(len(action.records))
-                action = core.committed(self._now())
-                self._committed()
+        await drive(
+            self._core, action, self._reads,
+            handle=self._handle_one, commit=self._commit, save=self._save_offsets,
+        )  # fmt: skip
+
+    async def _handle_one(self, action: Handle) -> bool:
+        """At-least-once: the handler outside any offset transaction, with recovery."""
+        return await self._batch([action.envelope], self._call_at_least_once)
+
+    async def _commit(self, action: Commit) -> bool:
+        """Exactly-once / grouped: the handler and the offsets in one transaction."""
+        skipped = await self._batch(
+            list(action.envelopes), partial(self._call_in_transaction, action)
+        )
+        if self._tel is not NO_INSTANCE_TELEMETRY:
+            self._tel.offsets_stored(len(action.events if skipped else action.records))
+        self._committed()
+        return skipped
+
+    async def _save_offsets(self, action: SaveOffsets) -> None:
+        """Offsets alone (at-least-once, progress markers): their own short transaction."""
+        try:
+            async with self.journal.pool.connection() as conn, conn.transaction():
+                await self._dao.save(conn, self.key, action.records, self._fence)
+        except Exception as error:
+            self._raise_offset_failure(error)
+            raise
+        self._tel.offsets_stored(len(action.records))
+        self._committed()
 
     def _committed(self) -> None:
         """Offsets were committed: tell waiters (`wait_for`) soon, coalesced."""

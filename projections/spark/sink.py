@@ -41,13 +41,13 @@ from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
-from projections.core import Action, Commit, Mode, ProjectionCore, SaveOffsets
+from projections.core import Action, Commit, Handle, Mode, ProjectionCore, SaveOffsets
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
 from projections.spark.arrow import envelopes
-from projections.sync.core_io import CoreReads
+from projections.sync.core_io import CoreReads, drive
 from projections.sync.offset_dao import OffsetDao
 from projections.tables import ProjectionTables
 
@@ -206,16 +206,25 @@ class _PartitionRun:
             raise
 
     def _drive(self, conn: Connection[Any], action: Action | None) -> None:
-        core = self.core
-        while (action := self.reads.drive(core, action)) is not None:
-            if isinstance(action, Commit) and action.envelopes:
+        """The runners' own loop (`drive`), writing on this partition's transaction."""
+
+        def commit(action: Commit) -> bool:
+            if action.envelopes:
                 check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
                 wanted = [
                     e for e in action.envelopes if isinstance(e, EventEnvelope) and not e.filtered
                 ]
                 if wanted:  # a filtered-out event: its offset only
                     self.applier.handler(conn, wanted)
-            elif not isinstance(action, Commit | SaveOffsets):  # Handle: never from grouped
-                raise ProjectionError(f"unexpected {action!r}")
             self.dao.save(conn, self.key, action.records, self.fence)
-            action = core.committed(time.monotonic())
+            return False
+
+        def save(action: SaveOffsets) -> None:
+            self.dao.save(conn, self.key, action.records, self.fence)
+
+        drive(self.core, action, self.reads, handle=_no_handle, commit=commit, save=save)
+
+
+def _no_handle(action: Handle) -> bool:
+    """A grouped core never asks to handle one envelope alone."""
+    raise ProjectionError(f"unexpected {action!r}")
