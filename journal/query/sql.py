@@ -180,7 +180,9 @@ def slice_rows(
         params["behind"] = query.behind_current_time
     columns = envelope_columns(with_payload=query.with_payload, matched=matched)
     if from_snapshots and not query.backtracking:
-        statement = snapshot_rows(tables, columns, [*shared, delivered], shared)
+        statement = snapshot_rows(
+            tables, columns, [*shared, delivered], shared, bounded=query.to_inclusive is not None
+        )
     else:
         statement = sql.SQL(
             "SELECT {columns}, transaction_timestamp() FROM {journal} WHERE {where} "
@@ -196,11 +198,25 @@ def slice_rows(
     return statement, params
 
 
+def not_covered_by_snapshot(tables: Tables, *, bounded: bool) -> sql.Composed:
+    """The condition on a journal row (aliased `e`) that no snapshot of its id stands for
+    it. `bounded`: the read ends at `%(to_ts)s` (inclusive), and a snapshot after that
+    end is not read, so it covers nothing: the events before it are read instead."""
+    end = sql.SQL(" AND s.db_timestamp <= %(to_ts)s") if bounded else sql.SQL("")
+    return sql.SQL(
+        "(e.seq_nr = 0 OR NOT EXISTS (SELECT 1 FROM {snapshot} AS s "
+        "WHERE s.persistence_id = e.persistence_id AND s.seq_nr >= e.seq_nr "
+        "AND s.db_timestamp IS NOT NULL{end}))"
+    ).format(snapshot=tables.snapshot, end=end)
+
+
 def snapshot_rows(
     tables: Tables,
     columns: sql.Composable,
     journal_where: list[sql.Composable],
     snapshot_where: list[sql.Composable],
+    *,
+    bounded: bool = False,
 ) -> sql.Composed:
     """The events of a stretch with each id's snapshot in place of its events up to the
     snapshot's seq_nr: events no snapshot covers, and the snapshots, whose db_timestamp
@@ -212,13 +228,9 @@ def snapshot_rows(
     so a scan that has not passed the event has not passed the snapshot either, and
     one that had passed the snapshot's timestamp read the event before. Tombstones
     (seq_nr 0) are never covered; snapshots without a db_timestamp (a writer that does
-    not set it) cover nothing.
+    not set it) cover nothing, and neither do snapshots past a `bounded` read's end.
     """
-    covered = sql.SQL(
-        "(e.seq_nr = 0 OR NOT EXISTS (SELECT 1 FROM {snapshot} AS s "
-        "WHERE s.persistence_id = e.persistence_id AND s.seq_nr >= e.seq_nr "
-        "AND s.db_timestamp IS NOT NULL))"
-    ).format(snapshot=tables.snapshot)
+    covered = not_covered_by_snapshot(tables, bounded=bounded)
     snapshot_columns = sql.SQL(
         "persistence_id, entity_type, slice, seq_nr, db_timestamp, ''::text, tags, ser_id, "
         "ser_manifest, meta_ser_id, meta_ser_manifest, meta_payload, snapshot"

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from journal.model import EventEnvelope
+from journal.model import SNAPSHOT_SOURCE, EventEnvelope
 from journal.rows import PAYLOAD_COLUMN, iter_envelopes
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
 
@@ -48,6 +48,11 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
+
+# With `fromSnapshots`: one more column, true for an id's snapshot (its state in `event`
+# or `event_bytes`, its seq_nr and db_timestamp those of the event it was taken at).
+SNAPSHOTS_SCHEMA_DDL = SCHEMA_DDL + ", from_snapshot boolean"
+SNAPSHOTS_ARROW_SCHEMA = ARROW_SCHEMA.append(pa.field("from_snapshot", pa.bool_()))
 
 _TAGS = ARROW_SCHEMA.field("tags").type
 _NO_TAGS = pa.scalar([], _TAGS)
@@ -83,8 +88,12 @@ def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
         column("meta_json").cast(pa.string()),  # raises on bad UTF-8
         column("deleted"),
     ]
+    schema = ARROW_SCHEMA
+    if "from_snapshot" in rows.schema.names:  # `sql.partition_rows` with `fromSnapshots`
+        columns.append(column("from_snapshot"))
+        schema = SNAPSHOTS_ARROW_SCHEMA
     return pa.RecordBatch.from_arrays(
-        [c.cast(f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA
+        [c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
 
 
@@ -92,10 +101,18 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
     """The envelopes of a batch read by this source, decoded by the journal's one row
     decoder (`journal.rows.iter_envelopes`): payloads by `registry`, an undecodable one
     carrying the same `DeserializationError` as on every read path, a tombstone and a
-    row the source's filter left out (`filteredEnvelopes`) as on every read path."""
+    row the source's filter left out (`filteredEnvelopes`) as on every read path, and an
+    id's snapshot (`fromSnapshots`) as `EventEnvelope.from_snapshot`."""
     cols = batch.to_pydict()
-    return iter_envelopes(
+    decoded = iter_envelopes(
         (_journal_row(cols, i) for i in range(batch.num_rows)), registry, source="query"
+    )
+    snapshots = cols.get("from_snapshot")
+    if snapshots is None:
+        return decoded
+    return (
+        e._replace(source=SNAPSHOT_SOURCE) if snapshot else e
+        for e, snapshot in zip(decoded, snapshots, strict=True)
     )
 
 

@@ -100,6 +100,7 @@ def _source_options(
         "dsn": dsn,
         "schema": settings.schema,
         "journalTable": settings.journal_table,
+        "snapshotTable": settings.snapshot_table,
         "entityType": entity_type,
         "minSlice": str(slice_range.min_slice),
         "maxSlice": str(slice_range.max_slice),
@@ -341,6 +342,7 @@ def rebuild(
     serializers: Callable[[], SerializerRegistry] | None = None,
     filter: EventFilter | None = None,
     tables: Sequence[str] | None = None,
+    from_snapshots: bool = False,
 ) -> RebuildResult:
     """Rebuild the `read_models` tables from the journal on Spark, then swap them in
     atomically.
@@ -358,6 +360,12 @@ def rebuild(
     handler sees only what it lets through). `tables=` is the deprecated name of
     `read_models=` (until 0.4.0; one name, one meaning: elsewhere `tables` names
     the projections' own tables).
+
+    `from_snapshots`: each id whose snapshot was taken by `up_to` starts from it — the
+    handler gets the snapshot (`EventEnvelope.from_snapshot`, the state in `event`) in
+    place of the events up to its seq_nr, then the later events — and the server ships
+    the snapshots and those later events, not the whole history. A snapshot stands for
+    events a filter would judge one by one: `filter` is refused with it.
     """
     if tables is not None:
         warnings.warn(
@@ -376,6 +384,13 @@ def rebuild(
         raise InvalidArgument("read_models must be a non-empty list of table names")
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
     event_filter = check_filter(filter)
+    if not isinstance(from_snapshots, bool):
+        raise InvalidArgument(f"from_snapshots must be True or False, not {from_snapshots!r}")
+    if from_snapshots and event_filter is not None:
+        raise InvalidArgument(
+            "rebuild: from_snapshots cannot be combined with a filter (a snapshot stands "
+            "for every event before it, which a filter would judge one by one)"
+        )
     settings = settings or JournalSettings()
     ranges = slice_range.split(num_partitions)
     staging = _staging_schema(settings, name)
@@ -388,7 +403,7 @@ def rebuild(
     up_to = check_timestamp(up_to)
     options = _source_options(
         dsn, settings, entity_type, slice_range, num_partitions, event_filter,
-        toTimestamp=up_to.isoformat(),
+        toTimestamp=up_to.isoformat(), fromSnapshots="true" if from_snapshots else None,
     )  # fmt: skip
     stage_name = f"{name} (rebuild staging)"
     validate_name(stage_name)

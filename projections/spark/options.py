@@ -42,6 +42,7 @@ OPTIONS = (
     "dsn",
     "schema",
     "journalTable",
+    "snapshotTable",
     "entityType",
     "minSlice",
     "maxSlice",
@@ -58,6 +59,7 @@ OPTIONS = (
     "tags",
     "where",
     "filteredEnvelopes",
+    "fromSnapshots",
 )
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
 
@@ -88,6 +90,9 @@ class SourceOptions:
     # reads: its offset store needs every seq_nr); without, it is not read at all.
     event_filter: EventFilter | None = None
     filtered_envelopes: bool = False
+    # Each id's snapshot in place of its events up to the snapshot's seq_nr (batch
+    # reads: `rebuild(from_snapshots=True)`); a `from_snapshot` column says which rows.
+    from_snapshots: bool = False
 
     def partition_ranges(self) -> list[SliceRange]:
         """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
@@ -112,6 +117,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         settings = JournalSettings(
             schema=raw.get("schema", "public"),
             journal_table=raw.get("journalTable", "event_journal"),
+            snapshot_table=raw.get("snapshotTable", "snapshot"),
         )
     except ValueError as error:
         raise SourceOptionError(f"slicejournal source: {error}") from None
@@ -135,6 +141,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     max_events = _int(raw, "maxEventsPerTrigger", 0) or None
     behind = _seconds(raw, "behindCurrentTime", _DEFAULT_QUERY.behind_current_time)
     window = _seconds(raw, "backtrackingWindow", DEFAULT_WINDOW)
+    event_filter = _event_filter(raw)
+    from_snapshots = _bool(raw, "fromSnapshots", False)
+    if from_snapshots and event_filter is not None:
+        raise SourceOptionError(
+            "slicejournal source: option 'fromSnapshots' cannot be combined with "
+            "'manifests', 'tags' or 'where': a snapshot stands for every event before it, "
+            "which a filter would judge one by one"
+        )
     return SourceOptions(
         dsn=raw["dsn"],
         settings=settings,
@@ -149,8 +163,9 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         starting_timestamp=_timestamp(raw, "startingTimestamp"),
         batch_rows=_int(raw, "batchRows", DEFAULT_BATCH_ROWS),
         ordered=_bool(raw, "ordered", True),
-        event_filter=_event_filter(raw),
+        event_filter=event_filter,
         filtered_envelopes=_bool(raw, "filteredEnvelopes", False),
+        from_snapshots=from_snapshots,
     )
 
 

@@ -48,7 +48,7 @@ from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
-from projections.spark.arrow import SCHEMA_DDL
+from projections.spark.arrow import SCHEMA_DDL, SNAPSHOTS_SCHEMA_DDL
 from projections.spark.arrow_read import read_plan
 from projections.spark.offsets import (
     ONE_MICROSECOND,
@@ -328,7 +328,7 @@ class JournalDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return SNAPSHOTS_SCHEMA_DDL if self.parsed.from_snapshots else SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
         return BatchReader(self.parsed)
@@ -339,6 +339,13 @@ class JournalDataSource(DataSource):
             raise SourceOptionError(
                 "slicejournal source: option 'ordered' applies to batch reads only; "
                 "a stream's partitions are always in (db_timestamp, seq_nr) order"
+            )
+        if self.parsed.from_snapshots:
+            # A snapshot carries the db_timestamp of the event it was taken at: saved
+            # later, it lands behind a stream's offset, where no batch reads again.
+            raise SourceOptionError(
+                "slicejournal source: option 'fromSnapshots' applies to batch reads only "
+                "(spark.read, rebuild(from_snapshots=True)); a stream reads events"
             )
         return StreamReader(self.parsed)
 

@@ -17,7 +17,13 @@ import attrs
 from psycopg import sql
 
 from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID
-from journal.query.sql import SLICE_RANGE, delivered_rows, filter_matches, time_bounds
+from journal.query.sql import (
+    SLICE_RANGE,
+    delivered_rows,
+    filter_matches,
+    not_covered_by_snapshot,
+    time_bounds,
+)
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import SliceRange
 from journal.tables import Tables
@@ -89,17 +95,23 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     false (a batch read that does not need it skips the server's sort).
 
     With the options' `EventFilter`, a row it leaves out is not read, or read as its
-    key only (`filteredEnvelopes`: a projection's offset store needs every seq_nr)."""
+    key only (`filteredEnvelopes`: a projection's offset store needs every seq_nr).
+    With `fromSnapshots`, each id's snapshot comes in place of its events up to the
+    snapshot's seq_nr (`_from_snapshots`)."""
     bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
     delivered, delivered_params = delivered_rows()
-    where: list[sql.Composable] = [SLICE_RANGE, delivered, *bounds]
+    shared: list[sql.Composable] = [SLICE_RANGE, *bounds]
     params |= _range_params(plan.options, plan.slice_range) | delivered_params
     if plan.persistence_ids:
-        where.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
+        shared.append(sql.SQL("persistence_id = ANY(%(pids)s::text[])"))
         params["pids"] = list(plan.persistence_ids)
     if plan.manifests is not None:
-        where.append(sql.SQL("event_ser_manifest = ANY(%(pushed_manifests)s::text[])"))
         params["pushed_manifests"] = list(plan.manifests)
+    order = sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else "")
+    tables = Tables(plan.options.settings)
+    if plan.options.from_snapshots:  # no filter (the options refuse one)
+        return _from_snapshots(tables, plan, shared, delivered, order), params
+    where = [*shared, delivered, *_manifests(plan, "event_ser_manifest")]
     matched, filter_params = filter_matches(plan.options.event_filter)
     params |= filter_params
     if matched is not None and not plan.options.filtered_envelopes:
@@ -107,11 +119,57 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
         matched = None
     statement = sql.SQL("SELECT {columns} FROM {journal} WHERE {where}{order}").format(
         columns=partition_columns(matched),
-        journal=Tables(plan.options.settings).journal,
+        journal=tables.journal,
         where=sql.SQL(" AND ").join(where),
-        order=sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else ""),
+        order=order,
     )
     return statement, params
+
+
+def _manifests(plan: ReadPlan, column: str) -> list[sql.Composable]:
+    """The pushed `ser_manifest` filter on `column`, if any."""
+    if plan.manifests is None:
+        return []
+    return [sql.SQL("{} = ANY(%(pushed_manifests)s::text[])").format(sql.Identifier(column))]
+
+
+# A snapshot row as `PARTITION_COLUMNS` (the state in the payload's place), then the flag.
+_SNAPSHOT_COLUMNS = sql.SQL(
+    "persistence_id, slice, seq_nr, db_timestamp, ''::text AS writer, tags, "
+    "ser_id AS event_ser_id, ser_manifest AS event_ser_manifest, "
+    "CASE WHEN meta_ser_id = {json} THEN meta_payload END AS meta_json, "
+    "snapshot AS event_payload, false AS deleted, true AS from_snapshot"
+).format(json=sql.Literal(JSON_SERIALIZER_ID))
+
+
+def _from_snapshots(
+    tables: Tables,
+    plan: ReadPlan,
+    shared: list[sql.Composable],
+    delivered: sql.Composable,
+    order: sql.Composable,
+) -> sql.Composed:
+    """The partition's rows with each id's snapshot in place of its events up to the
+    snapshot's seq_nr, as `journal.query.sql.snapshot_rows` reads them for the slice
+    query: the events no snapshot covers (one past the read's end covers nothing), and
+    the snapshots within the same bounds, with `from_snapshot` saying which is which."""
+    covered = not_covered_by_snapshot(tables, bounded=plan.to_inclusive is not None)
+    journal_where = [*shared, delivered, covered, *_manifests(plan, "event_ser_manifest")]
+    snapshot_where = [
+        *shared, sql.SQL("db_timestamp IS NOT NULL"), *_manifests(plan, "ser_manifest")
+    ]  # fmt: skip
+    return sql.SQL(
+        "SELECT {columns}, false AS from_snapshot FROM {journal} AS e WHERE {jw} "
+        "UNION ALL SELECT {snapshot_columns} FROM {snapshot} WHERE {sw}{order}"
+    ).format(
+        columns=PARTITION_COLUMNS,
+        journal=tables.journal,
+        jw=sql.SQL(" AND ").join(journal_where),
+        snapshot_columns=_SNAPSHOT_COLUMNS,
+        snapshot=tables.snapshot,
+        sw=sql.SQL(" AND ").join(snapshot_where),
+        order=order,
+    )
 
 
 def stream_bounds(

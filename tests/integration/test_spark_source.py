@@ -97,6 +97,46 @@ async def test_an_unordered_batch_read_reads_the_same_rows_and_a_stream_refuses_
 
 
 @pytest.mark.timeout(300)
+async def test_a_batch_read_from_snapshots_reads_each_snapshot_and_the_events_after_it(
+    spark: Any, journal: Journal, pg_dsn: str
+) -> None:
+    """`fromSnapshots`: an id's snapshot in place of its events up to its seq_nr, flagged
+    in the `from_snapshot` column; a stream, or a filter beside it, is refused."""
+    per_pid = await _fill(journal, 30)
+    snapshotted = {p: n - 1 for p, n in per_pid.items() if n >= 3}  # at the one-but-last
+    for pid, seq_nr in snapshotted.items():
+        await journal.save_snapshot(pid, seq_nr, {"state": seq_nr})
+    schema = journal.settings.schema
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, numPartitions=3, fromSnapshots="true")
+    rows = df.select("persistence_id", "seq_nr", "event", "from_snapshot").collect()
+    got = sorted((r.persistence_id, r.seq_nr, r.from_snapshot) for r in rows)
+    expected = sorted(
+        [(p, s, True) for p, s in snapshotted.items()]
+        + [(p, n, False) for p, n in per_pid.items() if p in snapshotted]
+        + [(p, s, False) for p, n in per_pid.items() if p not in snapshotted
+           for s in range(1, n + 1)]
+    )  # fmt: skip
+    assert got == expected
+    states = {r.persistence_id: json.loads(r.event) for r in rows if r.from_snapshot}
+    assert states == {p: {"state": s} for p, s in snapshotted.items()}
+    plain = _reader(spark, pg_dsn, schema, entityType=ENTITY)
+    assert "from_snapshot" not in plain.columns  # the schema is the events' without it
+
+    with pytest.raises(Exception, match="'fromSnapshots' cannot be combined"):
+        _reader(spark, pg_dsn, schema, entityType=ENTITY, fromSnapshots="true", tags="a")
+    stream = (
+        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
+        .option("entityType", ENTITY).option("fromSnapshots", "true").load()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="'fromSnapshots' applies to batch reads only"):
+        query = stream.writeStream.format("noop").start()
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+
+@pytest.mark.timeout(300)
 async def test_timestamp_bounds_and_filters(spark: Any, journal: Journal, pg_dsn: str) -> None:
     await _fill(journal, 40)
     schema = journal.settings.schema

@@ -63,3 +63,27 @@ def dying_handler(schema: str, marker: str) -> Any:
     """The bank handler that SIGKILLs its own Spark Python worker, mid-transaction,
     the first time it runs while `marker` exists."""
     return functools.partial(_apply_or_die, schema, marker)
+
+
+def _totals(conn: Connection[Any], envs: list[EventEnvelope]) -> None:
+    for e in envs:
+        if e.from_snapshot:  # the id's state as of seq_nr: replaces what came before
+            conn.execute(
+                "INSERT INTO totals (pid, balance, seq_nr) VALUES (%s, %s, %s) "
+                "ON CONFLICT (pid) DO UPDATE SET balance = excluded.balance, "
+                "seq_nr = excluded.seq_nr",
+                (e.persistence_id, e.event["balance"], e.seq_nr),
+            )
+        else:
+            conn.execute(
+                "INSERT INTO totals (pid, balance, seq_nr) VALUES (%s, %s, %s) "
+                "ON CONFLICT (pid) DO UPDATE SET balance = totals.balance + excluded.balance, "
+                "seq_nr = excluded.seq_nr",
+                (e.persistence_id, e.event["amount"], e.seq_nr),
+            )
+
+
+def totals_handler() -> Any:
+    """Folds bank events, or an id's snapshot (`{"balance": n}`) then its later events,
+    into `totals (pid, balance, seq_nr)`, named unqualified (what a rebuild needs)."""
+    return functools.partial(_totals)
