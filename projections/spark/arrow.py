@@ -54,6 +54,28 @@ ARROW_SCHEMA = pa.schema(
 SNAPSHOTS_SCHEMA_DDL = SCHEMA_DDL + ", from_snapshot boolean"
 SNAPSHOTS_ARROW_SCHEMA = ARROW_SCHEMA.append(pa.field("from_snapshot", pa.bool_()))
 
+# With `read=durableState`: each id's latest durable state, one row per id.
+STATE_SCHEMA_DDL = (
+    "persistence_id string, entity_type string, slice int, revision long, "
+    "db_timestamp timestamp, value string, value_bytes binary, ser_id int, "
+    "ser_manifest string, tags array<string>, deleted boolean"
+)
+STATE_ARROW_SCHEMA = pa.schema(
+    [
+        ("persistence_id", pa.string()),
+        ("entity_type", pa.string()),
+        ("slice", pa.int32()),
+        ("revision", pa.int64()),
+        ("db_timestamp", pa.timestamp("us", tz="UTC")),
+        ("value", pa.string()),
+        ("value_bytes", pa.binary()),
+        ("ser_id", pa.int32()),
+        ("ser_manifest", pa.string()),
+        ("tags", pa.list_(pa.string())),
+        ("deleted", pa.bool_()),
+    ]
+)
+
 _TAGS = ARROW_SCHEMA.field("tags").type
 _NO_TAGS = pa.scalar([], _TAGS)
 _NO_BYTES = pa.scalar(None, pa.binary())
@@ -94,6 +116,31 @@ def spark_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
         schema = SNAPSHOTS_ARROW_SCHEMA
     return pa.RecordBatch.from_arrays(
         [c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def state_batch(rows: pa.RecordBatch, entity_type: str) -> pa.RecordBatch:
+    """A partition's durable state rows (`sql._STATE_COLUMNS`) as a batch of
+    `STATE_ARROW_SCHEMA`, payloads split by serializer as events' are."""
+    column = rows.column
+    value, value_bytes = _text_or_bytes(column("state_ser_id"), column("state_payload"))
+    tags = pc.if_else(pc.is_null(column("tags")), _NO_TAGS, column("tags").cast(_TAGS))
+    columns = [
+        column("persistence_id"),
+        pa.repeat(pa.scalar(entity_type, pa.string()), rows.num_rows),
+        column("slice"),
+        column("revision"),
+        column("db_timestamp"),
+        value,
+        value_bytes,
+        column("state_ser_id"),
+        pc.fill_null(column("state_ser_manifest"), ""),
+        tags,
+        column("deleted"),
+    ]
+    return pa.RecordBatch.from_arrays(
+        [c.cast(f.type) for c, f in zip(columns, STATE_ARROW_SCHEMA, strict=True)],
+        schema=STATE_ARROW_SCHEMA,
     )
 
 

@@ -44,7 +44,8 @@ from journal.query.horizon import READER_APPLICATION
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
-from projections.spark.arrow import spark_batch
+from projections.spark.arrow import spark_batch, state_batch
+from projections.spark.options import DURABLE_STATE
 from projections.spark.sql import ReadPlan
 
 # The size ADBC aims at per record batch: large enough that per-batch costs vanish,
@@ -82,8 +83,9 @@ def read_plan(plan: ReadPlan) -> Iterator[pa.RecordBatch]:
         query.set_sql_query(statement)
         stream, _ = query.execute_query()
         reader = stack.enter_context(pa.RecordBatchReader.from_stream(stream))
+        convert = state_batch if options.read == DURABLE_STATE else spark_batch
         for rows in reader:
-            batch = spark_batch(rows, options.entity_type)
+            batch = convert(rows, options.entity_type)
             for offset in range(0, batch.num_rows, options.batch_rows):
                 yield batch.slice(offset, options.batch_rows)
 
@@ -101,8 +103,9 @@ def _bound_statement(plan: ReadPlan) -> str:
     """The partition's statement with its values bound, after checking the journal exists."""
     options = plan.options
     tables = Tables(options.settings)
+    table = tables.durable_state if options.read == DURABLE_STATE else tables.journal
     with open_connection(options.dsn, options.settings) as conn:
-        exists = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),)).fetchone()
+        exists = conn.execute(TABLE_EXISTS, (table.as_string(conn),)).fetchone()
         if not (exists and exists[0]):
             raise schema_missing(conn, tables)
         return ClientCursor(conn).mogrify(*q.partition_rows(plan))

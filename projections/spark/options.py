@@ -34,6 +34,10 @@ def backtracking_window(settings: JournalSettings) -> timedelta:
 
 
 DEFAULT_WINDOW = backtracking_window(JournalSettings())
+# The values of option `read`: the journal's events, or each id's durable state.
+EVENTS = "events"
+DURABLE_STATE = "durableState"
+READS = (EVENTS, DURABLE_STATE)
 # Rows per Arrow batch a partition reader yields (and fetches per round trip).
 DEFAULT_BATCH_ROWS = 10_000
 
@@ -43,6 +47,8 @@ OPTIONS = (
     "schema",
     "journalTable",
     "snapshotTable",
+    "durableStateTable",
+    "read",
     "entityType",
     "minSlice",
     "maxSlice",
@@ -93,6 +99,8 @@ class SourceOptions:
     # Each id's snapshot in place of its events up to the snapshot's seq_nr (batch
     # reads: `rebuild(from_snapshots=True)`); a `from_snapshot` column says which rows.
     from_snapshots: bool = False
+    # What to read: the journal's events, or the durable state store's rows (`READS`).
+    read: str = EVENTS
 
     def partition_ranges(self) -> list[SliceRange]:
         """The slice range cut into `num_partitions` contiguous sub-ranges (a pid's slice
@@ -118,6 +126,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             schema=raw.get("schema", "public"),
             journal_table=raw.get("journalTable", "event_journal"),
             snapshot_table=raw.get("snapshotTable", "snapshot"),
+            durable_state_table=raw.get("durableStateTable", "durable_state"),
         )
     except ValueError as error:
         raise SourceOptionError(f"slicejournal source: {error}") from None
@@ -149,6 +158,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             "'manifests', 'tags' or 'where': a snapshot stands for every event before it, "
             "which a filter would judge one by one"
         )
+    read = _read(raw, event_filter, from_snapshots)
     return SourceOptions(
         dsn=raw["dsn"],
         settings=settings,
@@ -166,7 +176,24 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         event_filter=event_filter,
         filtered_envelopes=_bool(raw, "filteredEnvelopes", False),
         from_snapshots=from_snapshots,
+        read=read,
     )
+
+
+def _read(raw: Mapping[str, str], event_filter: EventFilter | None, from_snapshots: bool) -> str:
+    """Option `read` (any case), checked against the options that apply to events only."""
+    given = raw.get("read", EVENTS)
+    read = next((r for r in READS if r.lower() == given.lower()), None)
+    if read is None:
+        raise SourceOptionError(
+            f"slicejournal source: option 'read' must be one of {', '.join(READS)}, not {given!r}"
+        )
+    if read == DURABLE_STATE and (event_filter is not None or from_snapshots):
+        raise SourceOptionError(
+            "slicejournal source: options 'manifests', 'tags', 'where' and 'fromSnapshots' "
+            "read events; they do not apply to read=durableState"
+        )
+    return read
 
 
 def _event_filter(raw: Mapping[str, str]) -> EventFilter | None:

@@ -48,7 +48,7 @@ from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
-from projections.spark.arrow import SCHEMA_DDL, SNAPSHOTS_SCHEMA_DDL
+from projections.spark.arrow import SCHEMA_DDL, SNAPSHOTS_SCHEMA_DDL, STATE_SCHEMA_DDL
 from projections.spark.arrow_read import read_plan
 from projections.spark.offsets import (
     ONE_MICROSECOND,
@@ -61,7 +61,12 @@ from projections.spark.offsets import (
     is_exact,
     next_offset,
 )
-from projections.spark.options import SourceOptionError, SourceOptions, parse_options
+from projections.spark.options import (
+    DURABLE_STATE,
+    SourceOptionError,
+    SourceOptions,
+    parse_options,
+)
 from projections.spark.sql import ReadPlan
 
 SHORT_NAME = "slicejournal"
@@ -328,6 +333,8 @@ class JournalDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> str:
+        if self.parsed.read == DURABLE_STATE:
+            return STATE_SCHEMA_DDL
         return SNAPSHOTS_SCHEMA_DDL if self.parsed.from_snapshots else SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
@@ -339,6 +346,13 @@ class JournalDataSource(DataSource):
             raise SourceOptionError(
                 "slicejournal source: option 'ordered' applies to batch reads only; "
                 "a stream's partitions are always in (db_timestamp, seq_nr) order"
+            )
+        if self.parsed.read == DURABLE_STATE:
+            # The stream's late-commit check counts rows per window; an upsert moves an
+            # id's one row, which no count can see. `changes_by_slices` reads it live.
+            raise SourceOptionError(
+                "slicejournal source: read=durableState applies to batch reads only; "
+                "read changes live with DurableStateStore.changes_by_slices"
             )
         if self.parsed.from_snapshots:
             # A snapshot carries the db_timestamp of the event it was taken at: saved

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 from psycopg import sql
 
+from journal.durable_state import DELETED_SQL
 from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID
 from journal.query.sql import (
     SLICE_RANGE,
@@ -27,7 +28,7 @@ from journal.query.sql import (
 from journal.serialization import JSON_SERIALIZER_ID
 from journal.slices import SliceRange
 from journal.tables import Tables
-from projections.spark.options import SourceOptions
+from projections.spark.options import DURABLE_STATE, SourceOptions
 
 # What `arrow.spark_batch` turns into the source's schema: every column it needs and
 # no other, since the executor's decoding costs by the column (1M events: the
@@ -107,8 +108,10 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
         params["pids"] = list(plan.persistence_ids)
     if plan.manifests is not None:
         params["pushed_manifests"] = list(plan.manifests)
-    order = sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else "")
     tables = Tables(plan.options.settings)
+    if plan.options.read == DURABLE_STATE:
+        return _durable_state_rows(tables, plan, shared), params
+    order = sql.SQL(" ORDER BY db_timestamp, seq_nr" if plan.options.ordered else "")
     if plan.options.from_snapshots:  # no filter (the options refuse one)
         return _from_snapshots(tables, plan, shared, delivered, order), params
     where = [*shared, delivered, *_manifests(plan, "event_ser_manifest")]
@@ -124,6 +127,30 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
         order=order,
     )
     return statement, params
+
+
+# A durable state row as `arrow.state_batch` reads it: the payload only for a live state
+# (a deletion's is Pekko's empty marker), `deleted` by the store's own rule.
+_STATE_COLUMNS = sql.SQL(
+    "persistence_id, slice, revision, db_timestamp, tags, state_ser_id, state_ser_manifest, "
+    "CASE WHEN NOT {deleted} THEN state_payload END AS state_payload, {deleted} AS deleted"
+).format(deleted=sql.SQL(DELETED_SQL))
+
+
+def _durable_state_rows(
+    tables: Tables, plan: ReadPlan, shared: list[sql.Composable]
+) -> sql.Composed:
+    """The partition's ids with their latest durable state (`read=durableState`): one
+    row each, deleted ones included (flagged), in (db_timestamp, revision) order unless
+    the options say `ordered` false."""
+    where = [*shared, *_manifests(plan, "state_ser_manifest")]
+    order = " ORDER BY db_timestamp, revision" if plan.options.ordered else ""
+    return sql.SQL("SELECT {columns} FROM {table} WHERE {where}{order}").format(
+        columns=_STATE_COLUMNS,
+        table=tables.durable_state,
+        where=sql.SQL(" AND ").join(where),
+        order=sql.SQL(order),
+    )
 
 
 def _manifests(plan: ReadPlan, column: str) -> list[sql.Composable]:

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from journal import Journal, SerializerRegistry
+from journal import DurableStateStore, Journal, SerializerRegistry
 from journal.errors import ConnectionFailed, SchemaNotInitialized
 from journal.slices import slice_for
 from projections.spark import arrow_read, register
@@ -129,6 +129,54 @@ async def test_a_batch_read_from_snapshots_reads_each_snapshot_and_the_events_af
         .option("entityType", ENTITY).option("fromSnapshots", "true").load()
     )  # fmt: skip
     with pytest.raises(Exception, match="'fromSnapshots' applies to batch reads only"):
+        query = stream.writeStream.format("noop").start()
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+
+@pytest.mark.timeout(300)
+async def test_a_batch_read_of_durable_state_reads_each_ids_latest_revision(
+    spark: Any, journal: Journal, pg_dsn: str
+) -> None:
+    """`read=durableState`: one row per id of the entity type, its latest revision and
+    state, deleted ones flagged; events, filters and streams do not apply to it."""
+    store = DurableStateStore(journal)
+    latest: dict[str, tuple[int, Any, bool]] = {}
+    for i in range(25):
+        pid = f"{ENTITY}|c{i}"
+        for revision in range(1, 2 + i % 4):
+            await store.upsert(pid, {"items": revision, "i": i}, revision=revision)
+        latest[pid] = (1 + i % 4, {"items": 1 + i % 4, "i": i}, False)
+        if i % 5 == 0:
+            await store.delete(pid, revision=2 + i % 4)
+            latest[pid] = (2 + i % 4, None, True)
+    await store.upsert("Other|x", {"items": 1}, revision=1)
+    await journal.append(f"{ENTITY}|an-event", [{"amount": 1}], expected_seq_nr=0)
+    schema = journal.settings.schema
+    df = _reader(spark, pg_dsn, schema, entityType=ENTITY, numPartitions=3, read="durableState")
+    assert df.columns == [
+        "persistence_id", "entity_type", "slice", "revision", "db_timestamp", "value",
+        "value_bytes", "ser_id", "ser_manifest", "tags", "deleted",
+    ]  # fmt: skip
+    got = {
+        r.persistence_id: (r.revision, None if r.value is None else json.loads(r.value), r.deleted)
+        for r in df.collect()
+    }
+    assert got == latest
+    one = _reader(spark, pg_dsn, schema, entityType=ENTITY, read="DURABLESTATE")
+    assert one.filter(one.persistence_id == f"{ENTITY}|c3").count() == 1
+
+    with pytest.raises(Exception, match="do not apply to read=durableState"):
+        _reader(spark, pg_dsn, schema, entityType=ENTITY, read="durableState", tags="a")
+    with pytest.raises(Exception, match="option 'read' must be one of"):
+        _reader(spark, pg_dsn, schema, entityType=ENTITY, read="states")
+    stream = (
+        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
+        .option("entityType", ENTITY).option("read", "durableState").load()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="read=durableState applies to batch reads only"):
         query = stream.writeStream.format("noop").start()
         try:
             query.awaitTermination(60)
