@@ -28,9 +28,10 @@ from journal import (
     InvalidArgument,
     Journal,
     SliceRange,
+    SyncJournal,
     slice_ranges,
 )
-from projections import Projection, ProjectionGroup
+from projections import Projection, ProjectionGroup, SyncProjection
 from tests.support.pg import fetch
 from tests.support.projections import FAST, eventually, journal_settings
 
@@ -253,6 +254,44 @@ async def test_a_live_projection_from_snapshots_applies_every_event_once(
         )
         # Ids snapshotted before the start: their snapshot and the 5 events after it only.
         assert sorted((int(s), int(e)) for _, s, e in rows) == [(1, 5)] * 12
+
+
+@pytest.mark.timeout(60)
+def test_the_sync_runner_starts_from_snapshots(pg_dsn: str, schema: str) -> None:
+    """The generated blocking runner reads the same stream: each id's snapshot, then its
+    later events; a second run has nothing left."""
+    totals: dict[str, int] = {}
+    delivered: list[tuple[str, int, bool]] = []
+
+    def handle(conn: Any, env: EventEnvelope) -> None:
+        delivered.append((env.persistence_id, env.seq_nr, env.from_snapshot))
+        if env.from_snapshot:
+            totals[env.persistence_id] = env.event["total"]
+        else:
+            totals[env.persistence_id] = totals.get(env.persistence_id, 0) + env.event["amount"]
+
+    with SyncJournal.connect(pg_dsn, journal_settings(schema), create_schema=True) as j:
+        for n in range(4):
+            pid = f"{ENTITY}|y{n}"
+            j.append(pid, [{"amount": 2}] * 6, expected_seq_nr=0)
+            if n % 2 == 0:
+                j.save_snapshot(pid, 4, {"total": 8})
+
+        def projection() -> SyncProjection:
+            return SyncProjection.exactly_once(
+                j, name="sync-snapshots", entity_type=ENTITY, slice_range=SliceRange.FULL,
+                handler=handle, settings=FAST, from_snapshots=True,
+            )  # fmt: skip
+
+        projection().run(until_caught_up=True)
+        assert totals == {f"{ENTITY}|y{n}": 12 for n in range(4)}
+        assert sorted(delivered) == sorted(
+            [(f"{ENTITY}|y{n}", s, s == 4) for n in (0, 2) for s in (4, 5, 6)]
+            + [(f"{ENTITY}|y{n}", s, False) for n in (1, 3) for s in range(1, 7)]
+        )
+        delivered.clear()
+        projection().run(until_caught_up=True)
+        assert delivered == []
 
 
 @pytest.mark.timeout(30)
