@@ -90,14 +90,20 @@ verdict AS (
   FROM page p JOIN facts f USING (pid)
   LEFT JOIN unmet u ON u.pid = p.pid AND u.seq = p.seq
   LEFT JOIN erasing e ON e.pid = p.pid),
-ok AS (SELECT pid, max(seq) AS target FROM verdict WHERE policy_ok AND consumed GROUP BY pid),
+ok AS (
+  SELECT v.pid, max(v.seq) AS target, f.reset_ts FROM verdict v JOIN facts f USING (pid)
+  WHERE v.policy_ok AND v.consumed GROUP BY v.pid, f.reset_ts),
 last AS (SELECT ts, seq, pid FROM page ORDER BY ts DESC, seq DESC, pid DESC LIMIT 1)"""
 
 # Apply: per id, every row below the highest deletable seq_nr goes (downward closed:
 # they are deletable too, or already deletion markers) and that row becomes the marker.
+# A reset tombstone (seq_nr 0) goes only as the verdict saw it: a second reset that
+# commits meanwhile moves it to a new db_timestamp, the delete re-checks the moved row
+# (READ COMMITTED), and that tombstone no projection has handled yet must stay.
 _APPLY = """,
 gone AS (
   DELETE FROM {j} AS j USING ok WHERE j.persistence_id = ok.pid AND j.seq_nr < ok.target
+    AND (j.seq_nr <> 0 OR j.db_timestamp = ok.reset_ts)
   RETURNING j.deleted),
 marked AS (
   UPDATE {j} AS j SET {marker} FROM ok WHERE j.persistence_id = ok.pid AND j.seq_nr = ok.target

@@ -164,3 +164,53 @@ async def test_retention_keeps_an_unhandled_reset_tombstone_and_the_projection_g
     # Running the erasure again finishes it.
     await journal.delete_all(pid, True, batch_size=7)
     assert await rows(journal, pid) == [(0, True)]
+
+
+@pytest.mark.timeout(120)
+async def test_retention_never_deletes_a_reset_tombstone_moved_on_while_it_ran(
+    journal: Journal,
+) -> None:
+    """A second reset moves the id's tombstone (seq_nr 0) to a new db_timestamp. When
+    that commits while a retention statement, which saw the old, handled tombstone, is
+    deleting below its target, the statement re-checks the moved row: it must keep it,
+    or the projection never learns of the second erasure (and the new lifetime's seq_nr
+    1 meets the old one's in its read model)."""
+    retention = Retention(journal)
+    await retention.register("forgets", ENTITY)
+    seen: list[tuple[str, int, bool]] = []
+    projection = consumer(journal, seen)
+    pid = f"{ENTITY}|moved"
+    await journal.append(pid, [{"n": 0}], expected_seq_nr=0)
+    await journal.delete_all(pid, True)  # the first reset: its tombstone, then 1..6
+    await journal.append(pid, [{"n": n} for n in range(6)], expected_seq_nr=0)
+    await projection.run(until_caught_up=True)
+    assert seen[-7:] == [(pid, 0, True)] + [(pid, n, False) for n in range(1, 7)]
+
+    # The second reset's tombstone write, held open: the row is locked, not yet moved.
+    move = await psycopg.AsyncConnection.connect(journal.dsn)
+    try:
+        cur = await move.execute(
+            sql.SQL(
+                "UPDATE {} SET db_timestamp = clock_timestamp() WHERE persistence_id = %s "
+                "AND seq_nr = 0 RETURNING db_timestamp"
+            ).format(journal.tables.journal),
+            (pid,),
+        )
+        (moved_to,) = await cur.fetchone() or (None,)
+        applying = asyncio.create_task(retention.apply(RetentionPolicy(ENTITY, keep_last=2)))
+        await blocked(journal)  # its delete below the target waits for the row
+        await move.commit()
+        await asyncio.wait_for(applying, 30)
+    finally:
+        await move.close()
+    found = await fetch(
+        journal.dsn,
+        sql.SQL("SELECT db_timestamp FROM {} WHERE persistence_id = %s AND seq_nr = 0").format(
+            journal.tables.journal
+        ),
+        (pid,),
+    )
+    assert found == [(moved_to,)]  # kept, where the second reset put it
+    seen.clear()
+    await projection.run(until_caught_up=True)
+    assert seen == [(pid, 0, True)]  # the second erasure reaches the projection
