@@ -128,8 +128,9 @@ class StoredOffset:
 
 @attrs.frozen
 class PreviousTimestamp:
-    """Answer with a `Previous`: the db_timestamp of (pid, seq_nr) if stored and not
-    deleted, and the journal's deletion evidence from that seq_nr on."""
+    """Answer with a `Previous`: the db_timestamp of (pid, seq_nr) if it is a row slice
+    queries deliver (an event not deleted, or a tombstone), and the journal's deletion
+    evidence from that seq_nr on."""
 
     persistence_id: str
     seq_nr: int
@@ -137,8 +138,9 @@ class PreviousTimestamp:
 
 @attrs.frozen
 class MissingEvents:
-    """Answer with a `GapFill`: the stored events of pid with from_seq_nr <= seq_nr <=
-    to_seq_nr, in order, and the journal's deletion evidence from from_seq_nr on."""
+    """Answer with a `GapFill`: the stored events and tombstones of pid with from_seq_nr
+    <= seq_nr <= to_seq_nr, in order, and the journal's deletion evidence from
+    from_seq_nr on (from_seq_nr 0: a reset id's tombstone, before its new seq_nr 1)."""
 
     persistence_id: str
     from_seq_nr: int
