@@ -11,7 +11,7 @@ deleted rows, which keeps them index-only.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from psycopg import sql
@@ -153,11 +153,13 @@ def _durable_state_rows(
     )
 
 
-def _manifests(plan: ReadPlan, column: str) -> list[sql.Composable]:
-    """The pushed `ser_manifest` filter on `column`, if any."""
+def _manifests(
+    plan: ReadPlan, column: Literal["event_ser_manifest", "ser_manifest", "state_ser_manifest"]
+) -> list[sql.Composable]:
+    """The pushed `ser_manifest` filter on `column` (a column of ours), if any."""
     if plan.manifests is None:
         return []
-    return [sql.SQL("{} = ANY(%(pushed_manifests)s::text[])").format(sql.Identifier(column))]
+    return [sql.SQL(column + " = ANY(%(pushed_manifests)s::text[])")]  # one of ours
 
 
 # A snapshot row as `PARTITION_COLUMNS` (the state in the payload's place), then the flag.
