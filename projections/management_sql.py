@@ -17,6 +17,7 @@ from journal.durable_state import DurableStateChange
 from journal.errors import InvalidArgument
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
+from journal.query.source import EVENTS, STATE_CHANGES, RowSource
 from journal.query.sql import filter_condition
 from journal.slices import SliceRange
 from projections.names import ALL_RANGES
@@ -103,21 +104,26 @@ class ManagementSql:
             "SELECT event_filter FROM {m} WHERE projection_name = %s AND projection_key = {all}"
         ).format(m=t.management, all=sql.Literal(ALL_RANGES))
         self._journal = t.journal_tables.journal
+        self._durable_state = t.journal_tables.durable_state
         self._offset_store = t.offset_store
 
     def backlog(
-        self, event_filter: EventFilter | None = None
+        self, event_filter: EventFilter | None = None, *, source: RowSource[Any] = EVENTS
     ) -> tuple[sql.Composed, dict[str, Any]]:
         """The backlog of a range (see projections/backlog.py), and the filter's parameters:
         the database's now(), the oldest event newer than its slice's latest stored
         offset, and how many such events there are, counted up to %(cap)s — only those
         `event_filter` lets through. One index probe per slice for the latest offset and
-        the oldest event; the count stops at the cap."""
-        condition: sql.Composable = sql.SQL("")
+        the oldest event; the count stops at the cap. With `source=STATE_CHANGES` the
+        rows are the durable state's (each id's latest change, a deletion included)."""
+        condition: sql.Composable = sql.SQL(" AND NOT deleted")
         params: dict[str, Any] = {}
+        table = self._journal
+        if source is STATE_CHANGES:
+            table, condition = self._durable_state, sql.SQL("")
         if event_filter is not None:
             matched, params = filter_condition(event_filter)
-            condition = sql.SQL(" AND ") + matched
+            condition = condition + sql.SQL(" AND ") + matched
         statement = sql.SQL(
             "WITH stored AS MATERIALIZED ("
             "  SELECT s.slice, coalesce((SELECT max(timestamp_offset) FROM {o} "
@@ -126,12 +132,12 @@ class ManagementSql:
             "SELECT now(), "
             " (SELECT min(w.ts) FROM stored, LATERAL (SELECT db_timestamp AS ts FROM {j} "
             "   WHERE slice = stored.slice AND entity_type = %(et)s "
-            "   AND db_timestamp > stored.latest AND NOT deleted{c} "
+            "   AND db_timestamp > stored.latest{c} "
             "   ORDER BY db_timestamp LIMIT 1) AS w), "
             " (SELECT count(*) FROM (SELECT 1 FROM stored, LATERAL (SELECT 1 FROM {j} "
             "   WHERE slice = stored.slice AND entity_type = %(et)s "
-            "   AND db_timestamp > stored.latest AND NOT deleted{c}) AS e LIMIT %(cap)s) AS c)"
-        ).format(o=self._offset_store, j=self._journal, c=condition)
+            "   AND db_timestamp > stored.latest{c}) AS e LIMIT %(cap)s) AS c)"
+        ).format(o=self._offset_store, j=table, c=condition)
         return statement, params
 
     def paused_keys_of(self, name: str) -> Statement:

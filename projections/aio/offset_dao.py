@@ -22,6 +22,7 @@ from psycopg import AsyncConnection, AsyncRawCursor
 from journal.durable_state import DurableStateChange
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
+from journal.query.source import EVENTS, RowSource
 from journal.slices import SliceRange
 from projections.backlog import DEFAULT_SIZE_CAP, Backlog, measure
 from projections.fencing import Fence
@@ -121,10 +122,12 @@ async def read_backlog(
     slices: SliceRange,
     cap: int = DEFAULT_SIZE_CAP,
     event_filter: EventFilter | None = None,
+    source: RowSource[Any] = EVENTS,
 ) -> Backlog:
     """The range's backlog (projections/backlog.py): one statement, measured by `measure`;
-    with `event_filter`, only the events it lets through count."""
-    statement, params = statements.backlog(event_filter)
+    with `event_filter`, only the events it lets through count; `source`: what the
+    projection reads (`STATE_CHANGES`: the durable state's changes)."""
+    statement, params = statements.backlog(event_filter, source=source)
     params |= {"name": name, "et": entity_type, "lo": slices.min_slice,
                "hi": slices.max_slice, "cap": cap}  # fmt: skip
     cur = await conn.execute(statement, params)

@@ -468,7 +468,7 @@ class SyncProjection:
                 extra=self._extra("started", mode=self.mode.value),
             )
             tel.started()
-            if tel.samples_backlog and self._states is None:  # the backlog counts events
+            if tel.samples_backlog:  # events, or durable state changes (`source`)
                 sampler = spawn(self._sample_backlog, tel, name=f"backlog {self.key}")
             queue: Queue[_Item] = Queue(self.settings.buffer)
             self._queue = queue
@@ -571,7 +571,7 @@ class SyncProjection:
                 with self.journal.pool.connection() as conn:
                     backlog = read_backlog(
                         conn, self._management, self.name, self.entity_type, self.slice_range,
-                        event_filter=self.filter,
+                        event_filter=self.filter, source=self.source,
                     )  # fmt: skip
                 tel.backlog_sampled(backlog)
             except CancelledError:

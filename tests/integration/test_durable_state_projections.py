@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -21,7 +22,12 @@ from journal import (
     SyncDurableStateStore,
     SyncJournal,
 )
-from projections import Projection, ProjectionGroup, SyncProjection
+from journal.query.source import STATE_CHANGES
+from projections import Projection, ProjectionGroup, ProjectionSettings, SyncProjection
+from projections.aio.offset_dao import read_backlog
+from projections.management_sql import ManagementSql
+from projections.tables import ProjectionTables
+from projections.telemetry import RecordingTelemetry
 from tests.support.long_transactions import horizon_settings
 from tests.support.projections import FAST, eventually
 
@@ -311,3 +317,54 @@ def test_the_sync_twin(pg_dsn: str, schema: str) -> None:
             .accepted
             == 0
         )
+
+
+@pytest.mark.timeout(60)
+async def test_a_change_projections_backlog_counts_the_durable_states_changes(
+    pg_dsn: str, schema: str
+) -> None:
+    """The backlog (status, telemetry) of a projection over durable state is read from the
+    durable state's table, not the journal's: each id's changes it has not handled."""
+    async with Journal.connect(pg_dsn, horizon_settings(schema), create_schema=True) as j:
+        store = DurableStateStore(j)
+        for i in range(12):
+            await store.upsert(f"{ENTITY}|b{i}", {"rev": 1}, revision=1)
+        await store.delete(f"{ENTITY}|b0", revision=2)  # a deletion is a change too
+        await j.append(f"{ENTITY}|an-event", [{"n": 1}], expected_seq_nr=0)
+        tables = ProjectionTables(j.tables, ProjectionSettings().tables)
+        statements = ManagementSql(tables)
+        async with j.pool.connection() as conn:
+            changes = await read_backlog(
+                conn, statements, "cart-backlog", ENTITY, ALL, source=STATE_CHANGES
+            )
+            events = await read_backlog(conn, statements, "cart-backlog", ENTITY, ALL)
+        assert (changes.size, events.size) == (12, 1)
+        assert changes.age > timedelta(0)
+
+        telemetry = RecordingTelemetry(samples_backlog=True)
+        seen = 0
+
+        async def handle(conn: Any, change: DurableStateChange) -> None:
+            nonlocal seen
+            seen += 1
+
+        projection = Projection.exactly_once_changes(
+            j, name="cart-backlog", entity_type=ENTITY, slice_range=ALL, handler=handle,
+            settings=ProjectionSettings(backlog_sample_interval=0.1, cleanup_interval=1.0),
+            telemetry=telemetry,
+        )  # fmt: skip
+        task = asyncio.create_task(projection.run())
+        await eventually(lambda: seen == 12, "every change handled")
+
+        def sampled_caught_up() -> bool:
+            samples = telemetry.named("backlog_sampled", "cart-backlog")
+            return bool(samples) and samples[-1].args[0].size == 0
+
+        await eventually(sampled_caught_up, "a backlog sample of 0")
+        await projection.stop()
+        await asyncio.wait_for(task, 10)
+        async with j.pool.connection() as conn:
+            after = await read_backlog(
+                conn, statements, "cart-backlog", ENTITY, ALL, source=STATE_CHANGES
+            )
+        assert after.size == 0
