@@ -30,6 +30,8 @@ class RangeStatus:
 
     slice_range: SliceRange
     latest_offset: datetime | None
+    # The newest row of the range the projection reads: an event, or for a projection
+    # over durable state, a change.
     journal_head: datetime | None
     paused: bool
     # Where an instance for this range would resume: the earliest of its

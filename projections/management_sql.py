@@ -82,11 +82,8 @@ class ManagementSql:
             "OR EXISTS (SELECT 1 FROM {d} WHERE projection_name = %(n)s) "
             "OR EXISTS (SELECT 1 FROM {f} WHERE projection_name = %(n)s)"
         ).format(o=t.offset_store, m=t.management, d=t.dead_letter, f=t.fleet)
-        self.head = sql.SQL(
-            "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
-            "LATERAL (SELECT max(db_timestamp) AS ts FROM {j} "
-            "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
-        ).format(j=t.journal_tables.journal)
+        self.head = self._head(t.journal_tables.journal)
+        self.state_head = self._head(t.journal_tables.durable_state)
         # A running projection's filter (migration 0003), in the row of key '*': a
         # filtered instance records it at start (the row is inserted not paused if there
         # was none), an unfiltered one clears it.
@@ -100,12 +97,38 @@ class ManagementSql:
             "UPDATE {m} SET event_filter = NULL WHERE projection_name = %s "
             "AND projection_key = {all} AND event_filter IS NOT NULL"
         ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        # What a running projection reads (migration 0004): NULL for events, as the filter.
+        self.record_reads = sql.SQL(
+            "INSERT INTO {m} (projection_name, projection_key, paused, last_updated, reads) "
+            "VALUES (%s, {all}, false, %s, %s) ON CONFLICT (projection_name, projection_key) "
+            "DO UPDATE SET reads = excluded.reads"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        self.clear_reads = sql.SQL(
+            "UPDATE {m} SET reads = NULL WHERE projection_name = %s "
+            "AND projection_key = {all} AND reads IS NOT NULL"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
+        self.recorded_reads = sql.SQL(
+            "SELECT reads FROM {m} WHERE projection_name = %s AND projection_key = {all}"
+        ).format(m=t.management, all=sql.Literal(ALL_RANGES))
         self.recorded_filter = sql.SQL(
             "SELECT event_filter FROM {m} WHERE projection_name = %s AND projection_key = {all}"
         ).format(m=t.management, all=sql.Literal(ALL_RANGES))
         self._journal = t.journal_tables.journal
         self._durable_state = t.journal_tables.durable_state
         self._offset_store = t.offset_store
+
+    @staticmethod
+    def _head(table: sql.Identifier) -> sql.Composed:
+        """The newest db_timestamp of an entity type in a slice range of `table`."""
+        return sql.SQL(
+            "SELECT max(h.ts) FROM generate_series(%(lo)s::int, %(hi)s::int) AS s(slice), "
+            "LATERAL (SELECT max(db_timestamp) AS ts FROM {t} "
+            "WHERE slice = s.slice AND entity_type = %(et)s) AS h"
+        ).format(t=table)
+
+    def head_of(self, source: RowSource[Any]) -> sql.Composed:
+        """`head` over the rows `source` reads."""
+        return self.state_head if source is STATE_CHANGES else self.head
 
     def backlog(
         self, event_filter: EventFilter | None = None, *, source: RowSource[Any] = EVENTS

@@ -299,3 +299,20 @@ ALTER TABLE "public"."projection_dead_letter" ADD COLUMN IF NOT EXISTS replay_fa
 ALTER TABLE "public"."projection_management" ADD COLUMN IF NOT EXISTS event_filter JSONB;
 INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 3, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
+
+-- step projections 0004_projection_reads
+BEGIN;
+SELECT pg_advisory_xact_lock(1372483594);
+SET LOCAL lock_timeout = '5000ms';
+CREATE SCHEMA IF NOT EXISTS "public"; CREATE TABLE IF NOT EXISTS "public"."slicejournal_schema_version" ( component TEXT PRIMARY KEY, version INT NOT NULL, release VARCHAR(64) NOT NULL, migrated_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now());
+-- slicejournal 0.3.0: what a running projection reads, recorded by its instances in the
+-- management row of key '*' (as its event filter is): NULL for the journal's events,
+-- 'durable_state' for the durable state's changes (`Projection.*_changes`). `status`
+-- and management's backlog then measure the projection against the rows it reads.
+-- Additive: one nullable column, no row changed, no table rewrite.
+-- Placeholders (names in curly brackets) are filled in with quoted identifiers.
+-- Never edit a shipped migration: add the next number instead.
+
+ALTER TABLE "public"."projection_management" ADD COLUMN IF NOT EXISTS reads TEXT;
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 4, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+COMMIT;

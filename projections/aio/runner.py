@@ -74,6 +74,7 @@ from projections.aio.offset_dao import (
     range_is_paused,
     read_backlog,
     record_filter,
+    record_reads,
 )
 from projections.aio.replay import DeadLetterReplayer
 from projections.core import (
@@ -449,6 +450,7 @@ class Projection:
                 records = await self._dao.load(conn, self.slice_range)
                 # Where `status` and management's backlog find the filter (None: cleared).
                 await record_filter(conn, self._management, self.name, self.filter)
+                await record_reads(conn, self._management, self.name, self.source)
             start = self._core.start(records)
             journal = self.journal
             self._commits = Notifier(

@@ -36,7 +36,13 @@ from projections.management import (
 from projections.management_sql import ManagementSql
 from projections.names import ALL_RANGES, validate_name
 from projections.settings import ProjectionTableNames
-from projections.sync.offset_dao import OffsetDao, range_is_paused, read_backlog, recorded_filter
+from projections.sync.offset_dao import (
+    OffsetDao,
+    range_is_paused,
+    read_backlog,
+    recorded_filter,
+    recorded_source,
+)
 from projections.sync.wait import wait_until_handled
 from projections.tables import projection_tables, translate_projection_errors
 from projections.wait import check_targets, check_timeout
@@ -108,7 +114,9 @@ class SyncProjectionManagement:
         """Latest stored offset, journal head, backlog and paused state per slice range.
 
         The backlog counts only the events the projection's filter lets through (the
-        one its running instances recorded, `event_filter`).
+        one its running instances recorded, `event_filter`). For a projection over
+        durable state (its instances record it) the head and the backlog are its
+        entity type's durable state changes.
 
         Raises `UnknownProjection` if no projection of that name has stored an
         offset, been paused or resumed, or dead-lettered an envelope: a typo in
@@ -121,18 +129,21 @@ class SyncProjectionManagement:
         with self._journal.pool.connection() as conn:
             self._require_known(conn, name)
             event_filter = recorded_filter(conn, self._sql, name)
+            source = recorded_source(conn, self._sql, name)
             for r in rs:
                 cur = conn.execute(self._sql.offsets, (name, r.min_slice, r.max_slice))
                 latest, earliest, slices_with_rows = cur.fetchone() or (None, None, 0)
                 resume_from = earliest if slices_with_rows == len(r) else None
                 cur = conn.execute(
-                    self._sql.head, {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type}
+                    self._sql.head_of(source),
+                    {"lo": r.min_slice, "hi": r.max_slice, "et": entity_type},
                 )
                 head = (cur.fetchone() or (None,))[0]
                 paused = range_is_paused(conn, self._sql, name, r)
                 backlog = read_backlog(
-                    conn, self._sql, name, entity_type, r, event_filter=event_filter
-                )
+                    conn, self._sql, name, entity_type, r, event_filter=event_filter,
+                    source=source,
+                )  # fmt: skip
                 out.append(RangeStatus(r, latest, head, paused, resume_from, backlog))
         return out
 
@@ -140,14 +151,16 @@ class SyncProjectionManagement:
     def backlog(self, name: str, entity_type: str, slice_range: SliceRange) -> Backlog:
         """The events of the range the projection has not handled yet: how many, and how
         long the oldest has waited (0 when caught up, however quiet the journal). Only
-        the events its filter lets through count (see `event_filter`)."""
+        the events its filter lets through count (see `event_filter`); for a projection
+        over durable state, its entity type's unhandled changes."""
         validate_name(name)
         validate_entity_type(entity_type)
         with self._journal.pool.connection() as conn:
             event_filter = recorded_filter(conn, self._sql, name)
+            source = recorded_source(conn, self._sql, name)
             return read_backlog(
                 conn, self._sql, name, entity_type, SliceRange.check(slice_range),
-                event_filter=event_filter,
+                event_filter=event_filter, source=source,
             )  # fmt: skip
 
     @translate_projection_errors

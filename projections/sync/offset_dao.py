@@ -24,7 +24,7 @@ from psycopg import Connection, RawCursor
 from journal.durable_state import DurableStateChange
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
-from journal.query.source import EVENTS, RowSource
+from journal.query.source import EVENTS, STATE_CHANGES, RowSource
 from journal.slices import SliceRange
 from projections.backlog import DEFAULT_SIZE_CAP, Backlog, measure
 from projections.fencing import Fence
@@ -157,6 +157,37 @@ def record_filter(
         # release's instances are during a rolling upgrade): nothing to record into.
         _log.warning("projection %s: its filter is not recorded until `slicejournal "
                      "migrate` has run (projections migration 3)", name)  # fmt: skip
+
+
+# What a projection over the durable state's changes records as `reads` (events: NULL).
+DURABLE_STATE_READS = "durable_state"
+
+
+def record_reads(
+    conn: Connection[Any], statements: ManagementSql, name: str, source: RowSource[Any]
+) -> None:
+    """Record what a running instance of `name` reads (events: cleared), for `status`
+    and the backlog read by management."""
+    try:
+        if source is STATE_CHANGES:
+            millis = int(time.time() * 1000)
+            conn.execute(statements.record_reads, (name, millis, DURABLE_STATE_READS))
+        else:
+            conn.execute(statements.clear_reads, (name,))
+    except psycopg.errors.UndefinedColumn:
+        # Not migrated yet (a rolling upgrade): status measures it against events.
+        _log.warning("projection %s: what it reads is not recorded until `slicejournal "
+                     "migrate` has run (projections migration 4)", name)  # fmt: skip
+
+
+def recorded_source(conn: Connection[Any], statements: ManagementSql, name: str) -> RowSource[Any]:
+    """What the running instances of `name` recorded they read (events if nothing)."""
+    try:
+        cur = conn.execute(statements.recorded_reads, (name,))
+    except psycopg.errors.UndefinedColumn:
+        return EVENTS  # not migrated yet: nothing recorded
+    row = cur.fetchone()
+    return STATE_CHANGES if row is not None and row[0] == DURABLE_STATE_READS else EVENTS
 
 
 def recorded_filter(

@@ -94,6 +94,7 @@ from projections.sync.offset_dao import (
     range_is_paused,
     read_backlog,
     record_filter,
+    record_reads,
 )
 from projections.sync.replay import DeadLetterReplayer
 from projections.tables import ProjectionTables
@@ -449,6 +450,7 @@ class SyncProjection:
                 records = self._dao.load(conn, self.slice_range)
                 # Where `status` and management's backlog find the filter (None: cleared).
                 record_filter(conn, self._management, self.name, self.filter)
+                record_reads(conn, self._management, self.name, self.source)
             start = self._core.start(records)
             journal = self.journal
             self._commits = Notifier(

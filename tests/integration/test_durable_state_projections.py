@@ -23,7 +23,13 @@ from journal import (
     SyncJournal,
 )
 from journal.query.source import STATE_CHANGES
-from projections import Projection, ProjectionGroup, ProjectionSettings, SyncProjection
+from projections import (
+    Projection,
+    ProjectionGroup,
+    ProjectionManagement,
+    ProjectionSettings,
+    SyncProjection,
+)
 from projections.aio.offset_dao import read_backlog
 from projections.management_sql import ManagementSql
 from projections.tables import ProjectionTables
@@ -368,3 +374,19 @@ async def test_a_change_projections_backlog_counts_the_durable_states_changes(
                 conn, statements, "cart-backlog", ENTITY, ALL, source=STATE_CHANGES
             )
         assert after.size == 0
+        # An operator's status and backlog: the instances recorded what they read.
+        for i in range(3):
+            await store.upsert(f"{ENTITY}|b{i + 1}", {"rev": 2}, revision=2)
+        management = ProjectionManagement(j)
+        [status] = await management.status("cart-backlog", ENTITY)
+        async with j.pool.connection() as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT max(db_timestamp) FROM {} WHERE entity_type = %s").format(
+                    j.tables.durable_state
+                ),
+                (ENTITY,),
+            )
+            (newest,) = await cur.fetchone() or (None,)
+        assert status.backlog is not None
+        assert (status.backlog.size, status.journal_head) == (3, newest)
+        assert (await management.backlog("cart-backlog", ENTITY, ALL)).size == 3
