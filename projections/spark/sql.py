@@ -143,7 +143,7 @@ def _durable_state_rows(
     """The partition's ids with their latest durable state (`read=durableState`): one
     row each, deleted ones included (flagged), in (db_timestamp, revision) order unless
     the options say `ordered` false."""
-    where = [*shared, *_manifests(plan, "state_ser_manifest")]
+    where = [*shared, *_manifests(plan, "coalesce(state_ser_manifest, '')")]
     order = " ORDER BY db_timestamp, revision" if plan.options.ordered else ""
     return sql.SQL("SELECT {columns} FROM {table} WHERE {where}{order}").format(
         columns=_STATE_COLUMNS,
@@ -154,9 +154,11 @@ def _durable_state_rows(
 
 
 def _manifests(
-    plan: ReadPlan, column: Literal["event_ser_manifest", "ser_manifest", "state_ser_manifest"]
+    plan: ReadPlan,
+    column: Literal["event_ser_manifest", "ser_manifest", "coalesce(state_ser_manifest, '')"],
 ) -> list[sql.Composable]:
-    """The pushed `ser_manifest` filter on `column` (a column of ours), if any."""
+    """The pushed `ser_manifest` filter on `column` (of ours; the durable state's may be
+    NULL, which its `ser_manifest` column shows as ''), if any."""
     if plan.manifests is None:
         return []
     return [sql.SQL(column + " = ANY(%(pushed_manifests)s::text[])")]  # one of ours

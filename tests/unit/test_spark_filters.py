@@ -97,6 +97,22 @@ def test_pushed_manifest_filters_narrow_the_read_unless_keys_are_read() -> None:
     assert narrowing.manifests is None and rest == pushed
 
 
+def test_pushed_manifest_filters_on_durable_state_and_snapshots_name_their_columns() -> None:
+    """The pushed `ser_manifest` filter reads the column each kind of row keeps it in:
+    the durable state's may be NULL, which the source shows as ''."""
+    state = parse_options(BASE | {"read": "durableState"})
+    text, params = _sql(ReadPlan(state, state.slice_range, None, manifests=("", "cart.v1")))
+    assert "coalesce(state_ser_manifest, '') = ANY(%(pushed_manifests)s::text[])" in text
+    assert params["pushed_manifests"] == ["", "cart.v1"]
+    assert "ORDER BY db_timestamp, revision" in text
+    snapshots = parse_options(BASE | {"fromSnapshots": "true"})
+    text, _ = _sql(ReadPlan(snapshots, snapshots.slice_range, None, manifests=("shop.A",)))
+    assert "event_ser_manifest = ANY(" in text and " ser_manifest = ANY(" in text
+    assert "s.db_timestamp <=" not in text  # unbounded: every snapshot covers its events
+    bounded = ReadPlan(snapshots, snapshots.slice_range, None, to_inclusive=datetime.now(UTC))
+    assert "s.db_timestamp <= %(to_ts)s" in _sql(bounded)[0]
+
+
 def test_a_key_only_row_becomes_a_filtered_envelope() -> None:
     t0 = datetime(2026, 1, 2, tzinfo=UTC)
     schema = pa.schema(
