@@ -144,19 +144,11 @@ async def record_filter(
 ) -> None:
     """Record the filter a running instance of `name` applies (None: clear it), for
     `status` and the backlog read by management."""
-    try:
-        if event_filter is None:
-            await conn.execute(statements.clear_filter, (name,))
-        else:
-            millis = int(time.time() * 1000)
-            await conn.execute(
-                statements.record_filter, (name, millis, filter_to_json(event_filter))
-            )
-    except psycopg.errors.UndefinedColumn:
-        # A schema not migrated yet (opened with `check_schema=False`, as the old
-        # release's instances are during a rolling upgrade): nothing to record into.
-        _log.warning("projection %s: its filter is not recorded until `slicejournal "
-                     "migrate` has run (projections migration 3)", name)  # fmt: skip
+    if event_filter is None:
+        await _record(conn, statements.clear_filter, (name,), name, "its filter", 3)
+    else:
+        params = (name, int(time.time() * 1000), filter_to_json(event_filter))
+        await _record(conn, statements.record_filter, params, name, "its filter", 3)
 
 
 # What a projection over the durable state's changes records as `reads` (events: NULL).
@@ -168,16 +160,29 @@ async def record_reads(
 ) -> None:
     """Record what a running instance of `name` reads (events: cleared), for `status`
     and the backlog read by management."""
+    if source is STATE_CHANGES:
+        params = (name, int(time.time() * 1000), DURABLE_STATE_READS)
+        await _record(conn, statements.record_reads, params, name, "what it reads", 4)
+    else:
+        await _record(conn, statements.clear_reads, (name,), name, "what it reads", 4)
+
+
+async def _record(
+    conn: AsyncConnection[Any],
+    statement: Any,
+    params: tuple[Any, ...],
+    name: str,
+    what: str,
+    migration: int,
+) -> None:
+    """Run a running instance's record of itself in the management row '*'. A schema
+    not migrated yet (opened with `check_schema=False`, as the old release's instances
+    are during a rolling upgrade) has no column to record into: a warning, no failure."""
     try:
-        if source is STATE_CHANGES:
-            millis = int(time.time() * 1000)
-            await conn.execute(statements.record_reads, (name, millis, DURABLE_STATE_READS))
-        else:
-            await conn.execute(statements.clear_reads, (name,))
+        await conn.execute(statement, params)
     except psycopg.errors.UndefinedColumn:
-        # Not migrated yet (a rolling upgrade): status measures it against events.
-        _log.warning("projection %s: what it reads is not recorded until `slicejournal "
-                     "migrate` has run (projections migration 4)", name)  # fmt: skip
+        _log.warning("projection %s: %s is not recorded until `slicejournal migrate` has "
+                     "run (projections migration %d)", name, what, migration)  # fmt: skip
 
 
 async def recorded_source(

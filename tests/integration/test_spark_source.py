@@ -40,6 +40,20 @@ def _reader(spark: Any, dsn: str, schema: str, **options: object) -> Any:
     return r.load()
 
 
+def assert_stream_refuses(
+    spark: Any, dsn: str, schema: str, options: dict[str, str], message: str
+) -> None:
+    """A stream with `options` fails as it starts, with `message` (batch-only options)."""
+    reader = spark.readStream.format("slicejournal").option("dsn", dsn).option("schema", schema)
+    stream = reader.option("entityType", ENTITY).options(**options).load()
+    with pytest.raises(Exception, match=message):
+        query = stream.writeStream.format("noop").start()
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+
 @pytest.mark.timeout(300)
 async def test_batch_reads_every_event_in_order(spark: Any, journal: Journal, pg_dsn: str) -> None:
     per_pid = await _fill(journal)
@@ -84,16 +98,9 @@ async def test_an_unordered_batch_read_reads_the_same_rows_and_a_stream_refuses_
             seq = [s for p, s in part if p == pid]
             assert seq == sorted(seq)
 
-    stream = (
-        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
-        .option("entityType", ENTITY).option("ordered", "false").load()
-    )  # fmt: skip
-    with pytest.raises(Exception, match="'ordered' applies to batch reads only"):
-        query = stream.writeStream.format("noop").start()
-        try:
-            query.awaitTermination(60)
-        finally:
-            query.stop()
+    assert_stream_refuses(
+        spark, pg_dsn, schema, {"ordered": "false"}, "'ordered' applies to batch reads only"
+    )
 
 
 @pytest.mark.timeout(300)
@@ -124,16 +131,13 @@ async def test_a_batch_read_from_snapshots_reads_each_snapshot_and_the_events_af
 
     with pytest.raises(Exception, match="'fromSnapshots' cannot be combined"):
         _reader(spark, pg_dsn, schema, entityType=ENTITY, fromSnapshots="true", tags="a")
-    stream = (
-        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
-        .option("entityType", ENTITY).option("fromSnapshots", "true").load()
-    )  # fmt: skip
-    with pytest.raises(Exception, match="'fromSnapshots' applies to batch reads only"):
-        query = stream.writeStream.format("noop").start()
-        try:
-            query.awaitTermination(60)
-        finally:
-            query.stop()
+    assert_stream_refuses(
+        spark,
+        pg_dsn,
+        schema,
+        {"fromSnapshots": "true"},
+        "'fromSnapshots' applies to batch reads only",
+    )
 
 
 @pytest.mark.timeout(300)
@@ -172,16 +176,13 @@ async def test_a_batch_read_of_durable_state_reads_each_ids_latest_revision(
         _reader(spark, pg_dsn, schema, entityType=ENTITY, read="durableState", tags="a")
     with pytest.raises(Exception, match="option 'read' must be one of"):
         _reader(spark, pg_dsn, schema, entityType=ENTITY, read="states")
-    stream = (
-        spark.readStream.format("slicejournal").option("dsn", pg_dsn).option("schema", schema)
-        .option("entityType", ENTITY).option("read", "durableState").load()
-    )  # fmt: skip
-    with pytest.raises(Exception, match="read=durableState applies to batch reads only"):
-        query = stream.writeStream.format("noop").start()
-        try:
-            query.awaitTermination(60)
-        finally:
-            query.stop()
+    assert_stream_refuses(
+        spark,
+        pg_dsn,
+        schema,
+        {"read": "durableState"},
+        "read=durableState applies to batch reads only",
+    )
 
 
 @pytest.mark.timeout(300)
