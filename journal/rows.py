@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import orjson
+
 from journal.errors import DeserializationError
 from journal.model import (
     FILTERED,
@@ -24,7 +26,7 @@ from journal.model import (
     TimestampOffset,
     new_envelope,
 )
-from journal.serialization import SerializerRegistry
+from journal.serialization import SerializerRegistry, is_plain_json, orjson_exact
 
 COLUMNS = (
     "persistence_id",
@@ -44,6 +46,7 @@ PAYLOAD_COLUMN = "event_payload"  # selected last, after COLUMNS
 
 
 Row = Sequence[Any]
+ROW_PAYLOAD = len(COLUMNS)
 ROW_DB_TIMESTAMP = COLUMNS.index("db_timestamp")
 ROW_PID = COLUMNS.index("persistence_id")
 ROW_SEQ_NR = COLUMNS.index("seq_nr")
@@ -149,22 +152,24 @@ def iter_envelopes(
     last_ser_id: int | None = None
     last_manifest: str | None = None
     last_decode: Callable[[bytes], Any] | None = None
+    # A batch (the slice query's parts) whose JSON payloads orjson reads exactly: plain
+    # JSON is decoded by `orjson.loads` itself, without `_loads`'s check per payload.
+    plain_json: Callable[[bytes], Any] | None = None
+    if type(rows) is list and rows:
+        payloads = [p for row, _ in rows if (p := row[ROW_PAYLOAD]) is not None]
+        if payloads and orjson_exact(payloads):
+            plain_json = orjson.loads
     for row, offset in rows:
-        (
-            pid,
-            entity_type,
-            slice_,
-            seq_nr,
-            db_timestamp,
-            writer,
-            tags,
-            ser_id,
-            manifest,
-            meta_ser_id,
-            meta_manifest,
-            meta_payload,
-            payload,
-        ) = row[:ROW_WIDTH]
+        if len(row) == _WITH_READ_TIME:  # a slice query's row: unpacked without a copy
+            (
+                pid, entity_type, slice_, seq_nr, db_timestamp, writer, tags, ser_id,
+                manifest, meta_ser_id, meta_manifest, meta_payload, payload, _,
+            ) = row  # fmt: skip
+        else:
+            (
+                pid, entity_type, slice_, seq_nr, db_timestamp, writer, tags, ser_id,
+                manifest, meta_ser_id, meta_manifest, meta_payload, payload,
+            ) = row[:ROW_WIDTH]  # fmt: skip
         if ser_id == TOMBSTONE_SER_ID:  # 0: a tombstone or a filtered-out row, or neither
             if manifest == TOMBSTONE_MANIFEST:
                 yield tombstone_envelope(
@@ -191,6 +196,8 @@ def iter_envelopes(
                     decode = decoders[key]
                 else:
                     decode = decoders[key] = registry.decoder(ser_id, manifest)
+                    if plain_json is not None and is_plain_json(decode):
+                        decode = decoders[key] = plain_json
                 last_ser_id, last_manifest, last_decode = ser_id, manifest, decode
         if decode is not None:
             try:
@@ -211,3 +218,4 @@ def iter_envelopes(
 
 
 _new = tuple.__new__
+_WITH_READ_TIME = ROW_WIDTH + 1

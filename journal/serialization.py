@@ -88,6 +88,30 @@ def _loads(data: bytes) -> Any:
     return json.loads(bytes(data).decode("utf-8"))
 
 
+# Every digit read as '9', everything else as ' ': a run of 19 digits is then a substring.
+_DIGIT_RUNS: Final = bytes(0x39 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN: Final = b"9" * 19
+
+
+def orjson_exact(payloads: list[bytes]) -> bool:
+    """Whether orjson reads every one of these JSON payloads exactly as `json.loads` does,
+    as far as numbers go: no payload holds a run of 19 digits (an integer that may be
+    beyond 64 bits, which orjson reads as a float).
+
+    `_loads` checks each payload by itself; this checks a batch with one pass over
+    its bytes, a quarter of the cost per payload, so that a row decoder can call
+    `orjson.loads` straight away (its errors still go to `json.loads`). A space
+    between payloads keeps a run from spanning two of them.
+    """
+    return _LONG_RUN not in b" ".join(payloads).translate(_DIGIT_RUNS)
+
+
+def is_plain_json(decode: Callable[[bytes], Any] | None) -> bool:
+    """Whether `SerializerRegistry.decoder` returned the plain-JSON decoder (`_loads`),
+    which `orjson.loads` may stand in for on payloads `orjson_exact` accepted."""
+    return decode is _loads
+
+
 BYTES_SERIALIZER_ID: Final = 4  # Pekko's ByteArraySerializer
 JSON_SERIALIZER_ID: Final = 31  # the id Pekko gives its Jackson JSON serializer
 

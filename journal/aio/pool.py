@@ -59,10 +59,21 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
     """A connection pool whose connections time out on connect and whose errors are typed."""
 
     def __init__(
-        self, dsn: str, settings: JournalSettings, name: str, *, application_name: str | None = None
+        self,
+        dsn: str,
+        settings: JournalSettings,
+        name: str,
+        *,
+        application_name: str | None = None,
+        utc: bool = False,
     ) -> None:
-        """`application_name` names the server sessions (the read pools' mark them as readers)."""
-        super().__init__(dsn, **pool_kwargs(settings, name, application_name, dsn))
+        """`application_name` names the server sessions (the read pools' mark them as readers);
+        `utc` sets their time zone to UTC (see `_in_utc`)."""
+        super().__init__(
+            dsn,
+            configure=_in_utc if utc else None,
+            **pool_kwargs(settings, name, application_name, dsn),
+        )
         self._dsn = dsn
         self.tables = Tables(settings)
         self.where = where_of(parse_dsn(dsn))
@@ -91,6 +102,20 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         adds for them.
         """
         return _PooledConnection(self, timeout)
+
+
+async def _in_utc(conn: AsyncConnection[Any]) -> None:
+    """Set a new connection's session time zone to UTC.
+
+    For the read pool, whose sessions run only the journal's own queries:
+    psycopg converts every `timestamptz` it reads into the session's time zone,
+    and for a named zone (a server's default is often 'Etc/UTC') that
+    conversion costs about 0.3 us a value, two per row of a slice query, while
+    UTC costs nothing. The values are the same instants either way; they only
+    arrive as UTC datetimes. The statements these sessions run compare and
+    subtract timestamps only, which no time zone changes.
+    """
+    await conn.execute("SET TimeZone TO 'UTC'")
 
 
 class _PooledConnection:

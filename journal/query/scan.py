@@ -81,20 +81,23 @@ class ScanPosition:
         emitted: list[tuple[Row, TimestampOffset]] = []
         append = emitted.append
         timestamp, _, seen = latest
+        # Locals, not globals, in the loop: it runs once for every event a catch-up reads.
+        new, offset, proxy = _new, TimestampOffset, _proxy
+        at_ts, at_pid, at_seq_nr = ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
         for row in rows:
-            # `offset_after`, inlined: this runs once for every event a catch-up reads
-            # (0.45 against 0.54 us an event with the call, on 200k rows).
-            ts = row[ROW_DB_TIMESTAMP]
-            pid = row[ROW_PID]
-            seq_nr = row[ROW_SEQ_NR]
+            # `offset_after`, inlined (0.45 against 0.54 us an event with the call,
+            # on 200k rows).
+            ts = row[at_ts]
+            pid = row[at_pid]
+            seq_nr = row[at_seq_nr]
             if ts > timestamp:
-                seen = _proxy({pid: seq_nr})
+                seen = proxy({pid: seq_nr})
             elif ts < timestamp or seen.get(pid, 0) >= seq_nr:
                 continue
             else:
-                seen = _proxy({**seen, pid: seq_nr})
+                seen = proxy({**seen, pid: seq_nr})
             timestamp = ts
-            latest = _new(TimestampOffset, (ts, row[-1], seen))
+            latest = new(offset, (ts, row[-1], seen))
             append((row, latest))
         if not emitted:
             return self, emitted

@@ -317,3 +317,25 @@ async def test_settings_of_a_slice_query_is_the_deprecated_name_of_query_setting
     assert [e.seq_nr for e in read] == [1]
     with pytest.warns(DeprecationWarning), pytest.raises(InvalidArgument, match="only"):
         journal.events_by_slices("Acct", 0, 1023, settings=query, query_settings=query)
+
+
+async def test_reads_arrive_in_utc_whatever_the_session_time_zone(pg_dsn: str, schema: str) -> None:
+    """The read pool's sessions run in UTC (no time-zone conversion per value read): a
+    user's session zone changes how an appended timestamp is labelled, not which instant
+    it is, and every reader sees the instant the writer stored."""
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c TimeZone=America/New_York")
+    async with Journal.connect(dsn, JournalSettings(schema=schema), create_schema=True) as j:
+        written = await j.append(f"{ENTITY}|tz", [{"n": 1}, {"n": 2}], expected_seq_nr=0)
+        async with j.pool.connection() as conn:  # the write pool keeps the user's zone
+            cur = await conn.execute("SHOW TimeZone")
+            assert (await cur.fetchone()) == ("America/New_York",)
+        pid = f"{ENTITY}|tz"
+        by_slices = [
+            e async for e in j.current_events_by_slices(ENTITY, slice_for(pid), slice_for(pid))
+        ]
+        by_pid = [e async for e in j.current_events_by_persistence_id(pid)]
+    for read in (by_slices, by_pid):
+        assert [e.db_timestamp for e in read] == [e.db_timestamp for e in written]
+        assert all(e.db_timestamp.utcoffset() == timedelta(0) for e in read)
+        assert all(e.offset is None or e.offset.read_timestamp.utcoffset() == timedelta(0)
+                   for e in read)  # fmt: skip

@@ -27,7 +27,8 @@ from journal import (
     SerializationError,
     SerializerRegistry,
 )
-from journal.serialization import JSON_SERIALIZER_ID, JsonSerializer
+from journal.rows import rows_to_envelopes
+from journal.serialization import JSON_SERIALIZER_ID, JsonSerializer, orjson_exact
 from tests.support.serialization import (
     ORDER,
     Channel,
@@ -498,3 +499,32 @@ def test_payloads_decode_exactly_as_the_standard_library_reads_them(value: Any) 
     data = json.dumps(value).encode("utf-8")
     decoded = JsonSerializer().from_bytes(data, "")
     assert json.dumps(decoded) == json.dumps(json.loads(data))
+
+
+def _journal_row(seq_nr: int, payload: bytes) -> tuple[Any, ...]:
+    ts = datetime(2024, 5, 1, tzinfo=UTC)
+    return ("A|1", "A", 7, seq_nr, ts, "w", None, 31, "", None, None, None, payload, ts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_json_values, min_size=1, max_size=8))
+def test_a_batch_of_rows_decodes_each_payload_exactly_as_the_standard_library(
+    values: list[Any],
+) -> None:
+    """The row decoder checks a batch at once and hands its plain JSON to orjson: one long
+    integer anywhere in the batch sends it back to the exact path, and nothing else
+    changes a value (a run of digits split across two payloads is not a long one)."""
+    payloads = [json.dumps(v).encode("utf-8") for v in values]
+    rows = [(_journal_row(i + 1, p), None) for i, p in enumerate(payloads)]
+    envelopes = rows_to_envelopes(rows, SerializerRegistry(), source="query")
+    assert [json.dumps(e.event) for e in envelopes] == [json.dumps(json.loads(p)) for p in payloads]
+
+
+def test_a_long_integer_in_a_batch_is_found_wherever_it_is() -> None:
+    long_one = b'{"n": %d}' % (2**70)
+    assert orjson_exact([b'{"n": 1}', b"1234567890", b"123456789"])
+    assert not orjson_exact([b'{"n": 1}', long_one])
+    assert not orjson_exact([long_one, b'{"n": 1}'])
+    rows = [(_journal_row(1, b'{"n": 1}'), None), (_journal_row(2, long_one), None)]
+    envelopes = rows_to_envelopes(rows, SerializerRegistry(), source="query")
+    assert envelopes[1].event == {"n": 2**70}
