@@ -24,6 +24,7 @@ import pytest
 from journal import Journal, JournalSettings
 from slicejournal.embedded import EmbeddedPostgres
 from tests.support import ROOT
+from tests.support.jdbc import JDBC_JAR
 from tests.support.pg import drop_test_schema, fast_query_settings, fresh_schema_name
 from tests.support.projections import bank_journal
 from tests.support.spark_cluster import (
@@ -113,7 +114,10 @@ def spark() -> Iterator[Any]:
     )
     from projections.spark import local_session
 
-    session = local_session("slicejournal-tests")
+    # The PostgreSQL JDBC driver, where installed, for `read_events` through Spark's
+    # JDBC source (its tests skip without it, saying why).
+    jars = {"spark.jars": JDBC_JAR} if os.path.exists(JDBC_JAR) else {}
+    session = local_session("slicejournal-tests", config=jars)
     yield session
     session.stop()
 

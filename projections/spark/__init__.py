@@ -2,6 +2,7 @@
 
     spark = spark_session()  # local[2], or MASTER / SPARK_REMOTE; or yours, then register(spark)
     df = spark.read.format("slicejournal").option("dsn", dsn).option("entityType", "Account").load()
+    df = read_events(spark, {"dsn": dsn, "entityType": "Account"})  # by Spark's JDBC source
     query = project(spark, dsn=dsn, name="balances", entity_type="Account",
                     handler=apply_batch, checkpoint_location="/tmp/ckpt")
 
@@ -24,6 +25,7 @@ from projections.spark.options import SourceOptionError
 # pyspark, pyarrow and psycopg: imported on first use.
 if TYPE_CHECKING:
     from projections.spark.driver import RebuildResult, project, rebuild, store_start
+    from projections.spark.jdbc import Executor, read_events
     from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
     from projections.spark.session import local_session, register, spark_session
 
@@ -34,6 +36,7 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(
             ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
         ),
+        **dict.fromkeys(("Executor", "read_events"), "projections.spark.jdbc"),
         **dict.fromkeys(
             ("local_session", "register", "spark_session"), "projections.spark.session"
         ),
@@ -48,11 +51,13 @@ __getattr__, __dir__ = lazy_attributes(
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "Executor",
     "ProjectionBusy",
     "RebuildResult",
     "SourceOptionError",
     "local_session",
     "project",
+    "read_events",
     "rebuild",
     "register",
     "spark_session",

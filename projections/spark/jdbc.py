@@ -1,0 +1,193 @@
+"""The batch read planned by slicejournal and executed by Spark's own JDBC source.
+
+Why a second executor: the `slicejournal` data source reads in Python workers,
+and every row it returns crosses from them into the JVM; on a machine whose
+cores the database, the JVM and the workers share, that made its batch read
+about 0.6x Spark's JDBC source over the same table (docs/benchmarks.md). The
+JDBC reader runs in the executors' JVMs and pays none of it. What it cannot do
+is plan a journal read: which rows count (tombstones, not deleted rows), up to
+where every writer has committed, which columns in which types. `read_events`
+plans exactly that in the driver, as the source would, and hands the JDBC
+reader one statement and a slice range per partition:
+
+- the options are the source's, checked the same way (`SourceOptionError`);
+- partitions are `numPartitions` contiguous slice ranges, so an id's events are
+  in one partition, in (db_timestamp, seq_nr) order unless `ordered` is false —
+  sorted in the executors (`sortWithinPartitions`), not by the database;
+- every partition reads below one bound taken in the driver: the visibility
+  horizon of the moment (the oldest write still open, less the margin), as a
+  stream's `availableNow` batch, so the read is one consistent cut;
+- the DataFrame has the source's schema (`arrow.SCHEMA_DDL`): JSON payloads as
+  text in `event`, others as bytes in `event_bytes`, metadata as text.
+
+It needs the PostgreSQL JDBC driver on Spark's classpath (`spark.jars`, e.g.
+Debian's /usr/share/java/postgresql.jar) and a server reachable over TCP (the
+DSN's host; JDBC has no Unix sockets). Without them, or for what the plan does
+not cover (event filters, `fromSnapshots`, durable state), `read_events` returns
+the source's DataFrame, the same rows and columns, and logs why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+from psycopg import ClientCursor, conninfo
+
+from journal.connection import TABLE_EXISTS, schema_missing
+from journal.errors import ProtocolError
+from journal.model import EPOCH
+from journal.query import sql as journal_sql
+from journal.query.horizon import READER_APPLICATION, horizon_from_row
+from journal.serialization import JSON_SERIALIZER_ID
+from journal.sync.pool import open_connection
+from journal.tables import Tables
+from projections.spark.arrow import SCHEMA_DDL
+from projections.spark.offsets import StreamOffset, batch_bound
+from projections.spark.options import EVENTS, SourceOptionError, SourceOptions, parse_options
+from projections.spark.sql import ReadPlan, partition_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_log = logging.getLogger(__name__)
+
+Executor = Literal["auto", "jdbc", "source"]
+"""Who reads: `jdbc` (Spark's JDBC source; an error if it cannot), `source` (the
+`slicejournal` data source) or `auto` (JDBC where it can, else the source)."""
+
+JDBC_DRIVER = "org.postgresql.Driver"
+
+# The partition statement's columns (`sql.PARTITION_COLUMNS`) as the source's schema
+# has them, computed by the server: what `arrow.spark_batch` does in the Python workers.
+_OUTER = (
+    "SELECT persistence_id, slice, seq_nr, db_timestamp, "
+    "CASE WHEN event_ser_id = {json} THEN convert_from(event_payload, 'UTF8') END AS event, "
+    "CASE WHEN event_ser_id = {json} THEN NULL ELSE event_payload END AS event_bytes, "
+    "event_ser_id AS ser_id, event_ser_manifest AS ser_manifest, "
+    "COALESCE(tags, '{{}}'::text[]) AS tags, writer, "
+    "convert_from(meta_json, 'UTF8') AS metadata, deleted "
+    "FROM ({inner}) AS journal_rows"
+)
+
+
+def read_events(
+    spark: SparkSession, options: Mapping[str, str], *, executor: Executor = "auto"
+) -> DataFrame:
+    """A batch read of the journal's events, with the `slicejournal` source's options
+    and schema, executed by Spark's JDBC source where it can be (see the module).
+
+    `executor="jdbc"` raises `SourceOptionError` (saying why) where JDBC cannot run
+    the read; `"source"` always uses the `slicejournal` data source. Raises
+    `SourceOptionError` for bad options and `SchemaNotInitialized` /
+    `ConnectionFailed` as the source does, before Spark reads anything.
+    """
+    if executor not in ("auto", "jdbc", "source"):
+        raise SourceOptionError(
+            f"read_events: executor must be 'auto', 'jdbc' or 'source', got {executor!r}"
+        )
+    parsed = parse_options(options)
+    why_not = "asked for the source" if executor == "source" else jdbc_unsupported(parsed)
+    if why_not is not None:
+        if executor == "jdbc":
+            raise SourceOptionError(f"read_events: Spark's JDBC source cannot run it: {why_not}")
+        return _source(spark, options, why_not)
+    try:
+        frame = _jdbc_frame(spark, parsed)
+        frame.schema  # noqa: B018 - the JDBC source connects (and loads its driver) by now
+    except Exception as e:
+        if executor == "auto" and JDBC_DRIVER in str(e):
+            return _source(spark, options, f"no {JDBC_DRIVER} on Spark's classpath")
+        raise
+    return frame
+
+
+def jdbc_unsupported(options: SourceOptions) -> str | None:
+    """Why Spark's JDBC source cannot run this read (None: it can)."""
+    if options.read != EVENTS:
+        return f"it reads {options.read!r}, not events"
+    if options.from_snapshots:
+        return "fromSnapshots"
+    if options.event_filter is not None:
+        return "an event filter (manifests, tags, where)"
+    host = str(conninfo.conninfo_to_dict(options.dsn).get("host") or "")
+    if not host or host.startswith("/") or "," in host:
+        return "the DSN names no single TCP host (JDBC has no Unix sockets)"
+    return None
+
+
+def _source(spark: SparkSession, options: Mapping[str, str], why: str) -> DataFrame:
+    from projections.spark.session import register
+
+    _log.info("slicejournal batch read through the slicejournal source: %s", why)
+    register(spark)
+    return spark.read.format("slicejournal").options(**options).load()
+
+
+def jdbc_statement(options: SourceOptions) -> str:
+    """The statement every partition reads (values bound), after checking the journal
+    exists: the source's rows of the whole slice range below one bound taken now."""
+    tables = Tables(options.settings)
+    with open_connection(
+        options.dsn, options.settings, application_name=READER_APPLICATION
+    ) as conn:
+        exists = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),)).fetchone()
+        if not (exists and exists[0]):
+            raise schema_missing(conn, tables)
+        reading = horizon_from_row(
+            _one(conn.execute(*journal_sql.horizon(tables, READER_APPLICATION)).fetchone())
+        )
+        plan = ReadPlan(
+            attrs.evolve(options, ordered=False),  # sorted by the executors, not the server
+            options.slice_range,
+            options.from_timestamp,
+            until_exclusive=batch_bound(StreamOffset(EPOCH), reading, options),
+            to_inclusive=options.to_timestamp,
+        )
+        inner = ClientCursor(conn).mogrify(*partition_rows(plan))
+    return _OUTER.format(json=JSON_SERIALIZER_ID, inner=inner)
+
+
+def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    if row is None:  # pragma: no cover - the horizon statement is an aggregate
+        raise ProtocolError("the database returned no row")
+    return row
+
+
+def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
+    """The JDBC URL of a TCP DSN and the connection properties (user, password, TLS)."""
+    params = conninfo.conninfo_to_dict(dsn)
+    url = f"jdbc:postgresql://{params['host']}:{params.get('port') or 5432}/"
+    url += str(params.get("dbname") or params.get("user") or "postgres")
+    properties = {"driver": JDBC_DRIVER, "ApplicationName": READER_APPLICATION}
+    for name in ("user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey"):
+        if params.get(name):
+            properties[name] = str(params[name])
+    return url, properties
+
+
+def _jdbc_frame(spark: SparkSession, options: SourceOptions) -> DataFrame:
+    from pyspark.sql import functions as f
+
+    url, properties = jdbc_url(options.dsn)
+    properties["fetchsize"] = str(options.batch_rows)
+    predicates = [
+        f"slice BETWEEN {r.min_slice} AND {r.max_slice}" for r in options.partition_ranges()
+    ]
+    frame = spark.read.jdbc(
+        url,
+        f"({jdbc_statement(options)}) AS slicejournal_read",
+        predicates=predicates,
+        properties=properties,
+    )
+    columns: list[Any] = []
+    for field in SCHEMA_DDL.split(", "):
+        name, kind = field.split(" ", 1)
+        value = f.lit(options.entity_type) if name == "entity_type" else f.col(name)
+        columns.append(value.cast(kind).alias(name))
+    frame = frame.select(*columns)
+    if options.ordered:
+        frame = frame.sortWithinPartitions("db_timestamp", "seq_nr")
+    return frame
