@@ -11,11 +11,13 @@ the transaction to end; the owner's renewals do not) and raises SQLSTATE
 `SJ001` unless the row still has this owner and epoch and has not expired on
 the database clock. The transaction then rolls
 back and the runner raises `LeaseLost`. A fenced handler transaction also
-starts with `Fence.idle_limit()`: it may sit idle at most the lease TTL, so a
-worker frozen mid-batch has its transaction (and the read-model rows it
-locked) ended by the server instead of holding the next owner up. The server
-arms that timeout only when a statement ends with a Sync, so a fenced
-transaction is never pipelined.
+starts with the idle limit (`Fence.begin()`: BEGIN and the setting in one query;
+`Fence.idle_limit()` where a transaction is open already): it may sit idle at
+most the lease TTL, so a worker frozen mid-batch has its transaction (and the
+read-model rows it locked) ended by the server instead of holding the next
+owner up. The server arms that timeout only when a statement ends with a Sync,
+so a fenced transaction is never pipelined; it saves its waits by sending fewer
+statements instead (the fence and the offset rows in one, `OffsetSql.save`).
 
 Without a fence the offset rows themselves still guard against doubles: event
 rows are inserted without `ON CONFLICT`, so a second instance storing the same
@@ -57,6 +59,13 @@ class Fence:
             self.owner,
             self.epoch,
             self.idle_timeout_ms,
+        )
+
+    def begin(self) -> sql.Composed:
+        """BEGIN and `idle_limit`'s setting in one simple-protocol query, so a fenced
+        handler transaction starts with one wait for the server instead of two."""
+        return sql.SQL("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}").format(
+            sql.Literal(self.idle_timeout_ms)
         )
 
     def idle_limit(self) -> tuple[sql.SQL, tuple[object, ...]]:

@@ -89,6 +89,7 @@ class OffsetSql:
             ).format(t=t)
         )
         self._values_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
+        self._fenced_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
         self._clear = rendered(
             sql.SQL(
                 "DELETE FROM {t} WHERE projection_name = %s AND slice BETWEEN %s AND %s"
@@ -105,8 +106,10 @@ class OffsetSql:
         after the lease check of `fence` if the instance runs under one."""
         if not records:
             return []
-        out = [] if fence is None else [Statement(*fence.statement(self._tables))]
         marker_slices = [r.slice for r in records if r.is_progress]
+        if fence is not None and not marker_slices and len(records) <= _MAX_ROWS_PER_INSERT:
+            return [self._fenced_insert(key, records, fence)]
+        out = [] if fence is None else [Statement(*fence.statement(self._tables))]
         if marker_slices:
             params = {
                 "name": self.name,
@@ -116,6 +119,34 @@ class OffsetSql:
             }
             out.append(Statement(self._delete_markers, params))
         return out + self._insert_values(key, records)
+
+    def _fenced_insert(self, key: str, records: Sequence[Record], fence: Fence) -> Statement:
+        """The lease check and the event rows in one statement: a fenced transaction waits
+        for the server after every statement (see `projections/fencing.py`), so one
+        statement fewer is one wait fewer per batch. The fence runs first, once (a
+        materialized CTE every row is joined with), and raises as on its own."""
+        n = len(records)
+        statement = self._fenced_by_size.get(n)
+        if statement is None:
+            first = 4 * n + 3  # after the name, the key and 4 values a row
+            statement = rendered(
+                sql.SQL(
+                    "WITH fence AS MATERIALIZED (SELECT {fence}(${a}::varchar, ${b}::int, "
+                    "${c}::int, ${d}::varchar, ${e}::bigint, ${f}::bigint)) "
+                    "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
+                    "seq_nr, timestamp_offset, timestamp_consumed) "
+                    "SELECT v.* FROM (VALUES {rows}) AS v CROSS JOIN fence"
+                ).format(
+                    fence=self._tables.lease_fence,
+                    t=self._table,
+                    rows=_value_rows(n, cast_key=True),
+                    **{x: sql.SQL(str(first + i)) for i, x in enumerate("abcdef")},
+                )
+            )
+            self._fenced_by_size[n] = statement
+        params = self._row_params(key, records)
+        params += fence.statement(self._tables)[1]
+        return Statement(statement, params, raw=True)
 
     def _insert_values(self, key: str, records: Sequence[Record]) -> list[Statement]:
         # A multi-row VALUES with native $n placeholders, one statement text per
@@ -129,24 +160,20 @@ class OffsetSql:
         n = len(records)
         statement = self._values_by_size.get(n)
         if statement is None:
-            rows = sql.SQL(", ").join(
-                sql.SQL(
-                    f"($1, $2, ${4 * i + 3}::int, ${4 * i + 4}, ${4 * i + 5}::bigint, "
-                    f"${4 * i + 6}::timestamptz, transaction_timestamp())"
-                )
-                for i in range(n)
-            )
             statement = rendered(
                 sql.SQL(
                     "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
                     "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows}"
-                ).format(t=self._table, rows=rows)
+                ).format(t=self._table, rows=_value_rows(n, cast_key=False))
             )
             self._values_by_size[n] = statement
+        return Statement(statement, self._row_params(key, records), raw=True)
+
+    def _row_params(self, key: str, records: Sequence[Record]) -> list[Any]:
         params: list[Any] = [self.name, key]
         for r in records:
             params += (r.slice, r.persistence_id, r.seq_nr, r.timestamp)
-        return Statement(statement, params, raw=True)
+        return params
 
     def cleanup(
         self, slices: SliceRange, window: timedelta, consumed: timedelta | None = None
@@ -171,3 +198,17 @@ class OffsetSql:
 
 def records_of(rows: Sequence[Sequence[Any]]) -> list[Record]:
     return [Record(s, p, n, ts) for s, p, n, ts in rows]
+
+
+def _value_rows(n: int, *, cast_key: bool) -> sql.Composable:
+    """`n` offset rows of native placeholders: $1 the name, $2 the key, then 4 a row.
+    In a plain VALUES list the target columns type them; `cast_key` types the name
+    and key for a VALUES list that is read as a table (`_fenced_insert`)."""
+    name, key = ("$1::varchar", "$2::varchar") if cast_key else ("$1", "$2")
+    return sql.SQL(", ").join(
+        sql.SQL(
+            f"({name}, {key}, ${4 * i + 3}::int, ${4 * i + 4}::varchar, ${4 * i + 5}::bigint, "
+            f"${4 * i + 6}::timestamptz, transaction_timestamp())"
+        )
+        for i in range(n)
+    )

@@ -708,8 +708,6 @@ class Projection:
         check_decoded(envelopes)
         handled = wanted(envelopes)
         async with self.journal.pool.connection() as conn, self._round_trips(conn):
-            if self._fence is not None:
-                await conn.execute(*self._fence.idle_limit())
             if self.mode is Mode.GROUPED:
                 if handled:
                     await self._handler(conn, handled)
@@ -729,10 +727,10 @@ class Projection:
         has none before COMMIT: a fleet worker frozen mid-batch would keep its
         read-model row locks, and after the fence its lease row, locked until
         it resumed, and the range's next owner could never claim it. A fenced
-        transaction therefore syncs every statement.
+        transaction therefore syncs every statement (`_fenced_transaction`).
         """
         if self._fence is not None:
-            return conn.transaction()
+            return _fenced_transaction(conn, self._fence)
         return _pipelined_transaction(conn)
 
     def _raise_offset_failure(self, error: Exception) -> None:
@@ -878,6 +876,22 @@ async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[No
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()
         raise
+
+
+@contextlib.asynccontextmanager
+async def _fenced_transaction(conn: AsyncConnection[Any], fence: Fence) -> AsyncIterator[None]:
+    """A fenced handler transaction: every statement waits for the server (see
+    `_round_trips`), and it starts with BEGIN and its idle limit in one query
+    (`Fence.begin`), one wait instead of two. A nested `conn.transaction()` of the
+    handler becomes a savepoint, as psycopg sees the transaction open."""
+    await conn.execute(fence.begin())
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            await conn.rollback()
+        raise
+    await conn.commit()
 
 
 async def run_fenced(projection: Projection, fence: Fence) -> ProjectionStats:
