@@ -29,7 +29,8 @@ Everything here is pure: the row the horizon statement returns goes in, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
@@ -131,6 +132,25 @@ def split(horizon: Horizon, scan_from: datetime, settings: HorizonSettings) -> S
             skipped.append(t)
     held = bound < horizon.db_now
     return Split(bound - settings.margin, held, tuple(skipped))
+
+
+ReadPast = tuple[int, datetime]
+"""An open transaction a stream read past, kept between readings: (backend, start)."""
+
+
+def read_past(transactions: Iterable[OpenTransaction]) -> frozenset[ReadPast]:
+    """The (backend, start) of open transactions a stream reads past, to remember."""
+    return frozenset((t.backend, t.start) for t in transactions)
+
+
+def ended_since(before: Iterable[ReadPast], now: AbstractSet[ReadPast]) -> list[datetime]:
+    """The starts, oldest first, of the transactions read past at an earlier reading that
+    a new one (`now`, what it shows open or read past) no longer shows: they ended, so
+    whatever they wrote below the stream's position is visible now, and the stream
+    re-reads from their starts. One rule for every stream that remembers what it read
+    past: the live slice query (`horizon_tracker.py`) and Spark's stream offsets
+    (`projections/spark/offsets.py`)."""
+    return sorted(start for backend, start in set(before) if (backend, start) not in now)
 
 
 class BlindWarning:

@@ -16,7 +16,15 @@ from datetime import datetime, timedelta
 
 import attrs
 
-from journal.query.horizon import Blind, Horizon, Split, split
+from journal.query.horizon import (
+    Blind,
+    Horizon,
+    ReadPast,
+    Split,
+    ended_since,
+    read_past,
+    split,
+)
 from journal.settings import HorizonSettings
 
 _log = logging.getLogger("slicejournal.journal.query")
@@ -38,7 +46,7 @@ class HorizonTracker:
     enabled: bool
     exact: bool
     unused: Split | Blind | None = None
-    not_waited_for: frozenset[tuple[int, datetime]] = frozenset()
+    not_waited_for: frozenset[ReadPast] = frozenset()
     ended: tuple[datetime, ...] = ()
 
     @classmethod
@@ -57,15 +65,15 @@ class HorizonTracker:
             # Nothing can be concluded about who ended: keep what is known.
             return attrs.evolve(self, exact=False, unused=horizon.blind)
         parts = split(horizon, scan_from, self.settings)
-        current = frozenset((t.backend, t.start) for t in parts.not_waited_for)
+        current = read_past(parts.not_waited_for)
         ended = self.ended
         if current != self.not_waited_for:
-            gone = sorted(self.not_waited_for - current)
-            for _, start in gone:
+            gone = ended_since(self.not_waited_for, current)
+            for start in gone:
                 _log.debug("a transaction started at %s and not waited for has ended", start)
             for _, start in sorted(current - self.not_waited_for):
                 _log.debug("not waiting for the open transaction started at %s", start)
-            ended += tuple(start for _, start in gone)
+            ended += tuple(gone)
         return self._with(True, parts, current, ended)
 
     def use_reading(self) -> tuple[HorizonTracker, Split | None]:
@@ -77,7 +85,7 @@ class HorizonTracker:
         self,
         exact: bool,
         unused: Split | Blind | None,
-        not_waited_for: frozenset[tuple[int, datetime]],
+        not_waited_for: frozenset[ReadPast],
         ended: tuple[datetime, ...],
     ) -> HorizonTracker:
         # A reading and its use come once per poll of every live stream: built

@@ -39,13 +39,13 @@ from typing import Any
 import attrs
 
 from journal.model import EPOCH
-from journal.query.horizon import Horizon, split
+from journal.query.horizon import Horizon, ReadPast, ended_since, read_past, split
 from projections.spark.options import SourceOptionError, SourceOptions, parse_timestamp
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 UNKNOWN_WINDOW = -1
 
-Pending = tuple[int, datetime]  # (server process id, transaction start)
+Pending = ReadPast  # (server process id, transaction start)
 
 
 @attrs.frozen
@@ -179,14 +179,14 @@ def next_offset(
     """
     pending: tuple[Pending, ...] | None
     if is_exact(reading, options):
-        open_now = {(t.backend, t.start) for t in reading.open}
+        open_now = read_past(reading.open)
         pending = tuple(sorted(t for t in open_now if t[1] < end))
         window = UNKNOWN_WINDOW
         if start.pending is None:
             reread: datetime | None = window_floor(start, options)
         else:
-            ended = [s for b, s in start.pending if (b, s) not in open_now]
-            reread = _at_least_from(min(ended), options) if ended else None
+            ended = ended_since(start.pending, open_now)
+            reread = _at_least_from(ended[0], options) if ended else None
     else:
         pending = None
         window = window_at_end

@@ -7,7 +7,7 @@ the rule it broke.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
@@ -31,7 +31,7 @@ from journal.query.by_slice import (
     RowsQuery,
     Wait,
 )
-from journal.query.horizon import Blind, Horizon, OpenTransaction
+from journal.query.horizon import Blind, Horizon, OpenTransaction, ended_since, read_past
 from journal.query.horizon_tracker import HorizonTracker
 from journal.query.scan import ScanPosition, offset_after
 from journal.query.tail import HELD_POLL, TailTracker
@@ -583,3 +583,17 @@ def test_a_full_current_query_is_not_done() -> None:
     machine.on_rows_done(0.0)
     assert mode_of(machine) is Mode.NORMAL
     assert isinstance(machine.next_request(0.0), BucketsQuery)
+
+
+def test_transactions_read_past_that_ended_are_found_oldest_first() -> None:
+    """The one rule the live query's tracker and Spark's offsets share: a transaction
+    read past ends when a later reading no longer shows it (its backend may have started
+    a new transaction meanwhile, which is another one)."""
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    earlier = {(7, t0 + timedelta(seconds=3)), (8, t0 + timedelta(seconds=1)), (9, t0)}
+    open_now = read_past(
+        [OpenTransaction(9, t0, True), OpenTransaction(8, t0 + timedelta(seconds=5), False)]
+    )
+    assert ended_since(earlier, open_now) == [t0 + timedelta(seconds=1), t0 + timedelta(seconds=3)]
+    assert ended_since(earlier, frozenset(earlier)) == []
+    assert ended_since((), open_now) == []
