@@ -68,7 +68,9 @@ class EventFilter:
     * `where`: a boolean SQL expression over the journal row's columns
       (`persistence_id`, `seq_nr`, `event_ser_manifest`, `tags`, `writer`, ...).
       Trusted application code, inserted as written: never build it from user
-      input.
+      input. It runs in the journal's read sessions, whose time zone is UTC:
+      write a zone-dependent expression with its zone (`db_timestamp AT TIME
+      ZONE 'Europe/Berlin'`, a literal with an offset).
 
     An empty filter (no part given) delivers everything. Tombstones
     (`Journal.delete_all`) are always delivered: an erasure must reach every

@@ -61,12 +61,10 @@ class Fence:
             self.idle_timeout_ms,
         )
 
-    def begin(self) -> sql.Composed:
+    def begin(self) -> str:
         """BEGIN and `idle_limit`'s setting in one simple-protocol query, so a fenced
         handler transaction starts with one wait for the server instead of two."""
-        return sql.SQL("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}").format(
-            sql.Literal(self.idle_timeout_ms)
-        )
+        return _begin(self.idle_timeout_ms)
 
     def idle_limit(self) -> tuple[sql.SQL, tuple[object, ...]]:
         """The first statement of a fenced handler transaction: the server ends it if it
@@ -74,6 +72,16 @@ class Fence:
         row locks held) cannot block the range's next owner for long."""
         query = sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
         return query, (str(self.idle_timeout_ms),)
+
+
+@functools.cache
+def _begin(idle_timeout_ms: int) -> str:
+    """`Fence.begin`'s query, composed once per timeout: it starts every fenced batch."""
+    return rendered(
+        sql.SQL("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}").format(
+            sql.Literal(idle_timeout_ms)
+        )
+    )
 
 
 @functools.cache

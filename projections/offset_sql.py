@@ -43,6 +43,9 @@ class Statement:
     query: str | sql.SQL | sql.Composed
     params: Any
     raw: bool = False
+    # Rows it must write (the fenced insert: a fence that returned no row would
+    # otherwise insert nothing and commit without an error).
+    rows: int | None = None
 
 
 class OffsetSql:
@@ -146,7 +149,7 @@ class OffsetSql:
             self._fenced_by_size[n] = statement
         params = self._row_params(key, records)
         params += fence.statement(self._tables)[1]
-        return Statement(statement, params, raw=True)
+        return Statement(statement, params, raw=True, rows=n)
 
     def _insert_values(self, key: str, records: Sequence[Record]) -> list[Statement]:
         # A multi-row VALUES with native $n placeholders, one statement text per

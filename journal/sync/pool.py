@@ -114,8 +114,9 @@ def _in_utc(conn: Connection[Any]) -> None:
     and for a named zone (a server's default is often 'Etc/UTC') that
     conversion costs about 0.3 us a value, two per row of a slice query, while
     UTC costs nothing. The values are the same instants either way; they only
-    arrive as UTC datetimes. The statements these sessions run compare and
-    subtract timestamps only, which no time zone changes.
+    arrive as UTC datetimes. The journal's statements compare and subtract
+    timestamps only, which no time zone changes; a user's `EventFilter.where`,
+    which runs here too, is evaluated in UTC (its docstring says so).
     """
     conn.execute("SET TimeZone TO 'UTC'")
 

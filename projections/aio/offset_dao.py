@@ -20,6 +20,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor
 
 from journal.durable_state import DurableStateChange
+from journal.errors import ProtocolError
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.query.source import EVENTS, STATE_CHANGES, RowSource
@@ -52,6 +53,10 @@ class OffsetDao:
             await cur.execute(statement.query, statement.params)
         else:
             cur = await conn.execute(statement.query, statement.params)
+        if statement.rows is not None and cur.rowcount != statement.rows:
+            raise ProtocolError(
+                f"the offset store wrote {cur.rowcount} row(s) where it had {statement.rows}"
+            )
         return int(cur.rowcount)
 
     async def load(self, conn: AsyncConnection[Any], slices: SliceRange) -> list[Record]:

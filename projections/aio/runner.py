@@ -41,6 +41,7 @@ from typing import Any
 import attrs
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 
 from journal.aio.durable_state import DurableStateStore
 from journal.aio.flavour import (
@@ -105,6 +106,8 @@ from projections.telemetry import (
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
+_IN_TRANSACTION = TransactionStatus.INTRANS
+
 _log = logging.getLogger("slicejournal.projections.runner")
 
 _FLAVOUR = "async" if ASYNC else "sync"
@@ -714,6 +717,12 @@ class Projection:
             else:
                 for env in handled:
                     await self._handler(conn, env)
+            if self._fence is not None and conn.info.transaction_status != _IN_TRANSACTION:
+                # Its offsets would be stored outside the handler's transaction.
+                raise ProjectionError(
+                    "the handler ended the batch's transaction itself (commit or rollback); "
+                    "the runner commits the handler's writes with the offsets"
+                )
             await self._dao.save(conn, self.key, commit.records, self._fence)
 
     def _round_trips(
@@ -884,8 +893,8 @@ async def _fenced_transaction(conn: AsyncConnection[Any], fence: Fence) -> Async
     `_round_trips`), and it starts with BEGIN and its idle limit in one query
     (`Fence.begin`), one wait instead of two. A nested `conn.transaction()` of the
     handler becomes a savepoint, as psycopg sees the transaction open."""
-    await conn.execute(fence.begin())
     try:
+        await conn.execute(fence.begin())
         yield
     except BaseException:
         with contextlib.suppress(psycopg.Error):

@@ -25,7 +25,7 @@ from projections.spark.options import SourceOptionError
 # pyspark, pyarrow and psycopg: imported on first use.
 if TYPE_CHECKING:
     from projections.spark.driver import RebuildResult, project, rebuild, store_start
-    from projections.spark.jdbc import Executor, read_events
+    from projections.spark.jdbc import ReadExecutor, read_events
     from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
     from projections.spark.session import local_session, register, spark_session
 
@@ -36,7 +36,7 @@ __getattr__, __dir__ = lazy_attributes(
         **dict.fromkeys(
             ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
         ),
-        **dict.fromkeys(("Executor", "read_events"), "projections.spark.jdbc"),
+        **dict.fromkeys(("ReadExecutor", "read_events"), "projections.spark.jdbc"),
         **dict.fromkeys(
             ("local_session", "register", "spark_session"), "projections.spark.session"
         ),
@@ -51,8 +51,8 @@ __getattr__, __dir__ = lazy_attributes(
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
-    "Executor",
     "ProjectionBusy",
+    "ReadExecutor",
     "RebuildResult",
     "SourceOptionError",
     "local_session",

@@ -24,7 +24,9 @@ It needs the PostgreSQL JDBC driver on Spark's classpath (`spark.jars`, e.g.
 Debian's /usr/share/java/postgresql.jar) and a server reachable over TCP (the
 DSN's host; JDBC has no Unix sockets). Without them, or for what the plan does
 not cover (event filters, `fromSnapshots`, durable state), `read_events` returns
-the source's DataFrame, the same rows and columns, and logs why.
+the source's DataFrame, with the same columns, and logs why. The rows differ in
+one way: the source has no common bound, so each of its partitions reads what
+has committed when it runs, transactions still open at planning included.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 import attrs
-from psycopg import ClientCursor, conninfo
+import psycopg
+from psycopg import ClientCursor, ConnectionInfo, conninfo
 
 from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import ProtocolError
@@ -52,9 +56,9 @@ from projections.spark.sql import ReadPlan, partition_rows
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("slicejournal.projections.spark")
 
-Executor = Literal["auto", "jdbc", "source"]
+ReadExecutor = Literal["auto", "jdbc", "source"]
 """Who reads: `jdbc` (Spark's JDBC source; an error if it cannot), `source` (the
 `slicejournal` data source) or `auto` (JDBC where it can, else the source)."""
 
@@ -74,7 +78,7 @@ _OUTER = (
 
 
 def read_events(
-    spark: SparkSession, options: Mapping[str, str], *, executor: Executor = "auto"
+    spark: SparkSession, options: Mapping[str, str], *, executor: ReadExecutor = "auto"
 ) -> DataFrame:
     """A batch read of the journal's events, with the `slicejournal` source's options
     and schema, executed by Spark's JDBC source where it can be (see the module).
@@ -89,7 +93,7 @@ def read_events(
             f"read_events: executor must be 'auto', 'jdbc' or 'source', got {executor!r}"
         )
     parsed = parse_options(options)
-    why_not = "asked for the source" if executor == "source" else jdbc_unsupported(parsed)
+    why_not = "asked for the source" if executor == "source" else _jdbc_unsupported(parsed)
     if why_not is not None:
         if executor == "jdbc":
             raise SourceOptionError(f"read_events: Spark's JDBC source cannot run it: {why_not}")
@@ -98,13 +102,23 @@ def read_events(
         frame = _jdbc_frame(spark, parsed)
         frame.schema  # noqa: B018 - the JDBC source connects (and loads its driver) by now
     except Exception as e:
-        if executor == "auto" and JDBC_DRIVER in str(e):
-            return _source(spark, options, f"no {JDBC_DRIVER} on Spark's classpath")
-        raise
+        if not _driver_missing(e):
+            raise
+        why = f"no {JDBC_DRIVER} on Spark's classpath (spark.jars)"
+        if executor == "jdbc":
+            raise SourceOptionError(f"read_events: Spark's JDBC source cannot run it: {why}") from e
+        return _source(spark, options, why)
     return frame
 
 
-def jdbc_unsupported(options: SourceOptions) -> str | None:
+def _driver_missing(error: BaseException) -> bool:
+    """Whether Spark failed because the PostgreSQL JDBC driver is not on its classpath
+    (and not, say, because the driver could not connect: its stack frames name it too)."""
+    text = str(error)
+    return f"ClassNotFoundException: {JDBC_DRIVER}" in text or "No suitable driver" in text
+
+
+def _jdbc_unsupported(options: SourceOptions) -> str | None:
     """Why Spark's JDBC source cannot run this read (None: it can)."""
     if options.read != EVENTS:
         return f"it reads {options.read!r}, not events"
@@ -112,7 +126,10 @@ def jdbc_unsupported(options: SourceOptions) -> str | None:
         return "fromSnapshots"
     if options.event_filter is not None:
         return "an event filter (manifests, tags, where)"
-    host = str(conninfo.conninfo_to_dict(options.dsn).get("host") or "")
+    try:
+        host = str(conninfo.conninfo_to_dict(options.dsn).get("host") or "")
+    except psycopg.ProgrammingError as e:
+        raise SourceOptionError(f"read_events: option 'dsn' is not a valid DSN: {e}") from None
     if not host or host.startswith("/") or "," in host:
         return "the DSN names no single TCP host (JDBC has no Unix sockets)"
     return None
@@ -126,9 +143,11 @@ def _source(spark: SparkSession, options: Mapping[str, str], why: str) -> DataFr
     return spark.read.format("slicejournal").options(**options).load()
 
 
-def jdbc_statement(options: SourceOptions) -> str:
-    """The statement every partition reads (values bound), after checking the journal
-    exists: the source's rows of the whole slice range below one bound taken now."""
+def _jdbc_plan(options: SourceOptions) -> tuple[str, str, dict[str, str]]:
+    """The statement every partition reads (values bound), and the JDBC URL and connection
+    properties of the server, user and database the planning connection reached (libpq's
+    defaults, environment and password file applied), after checking the journal exists:
+    the source's rows of the whole slice range below one bound taken now."""
     tables = Tables(options.settings)
     with open_connection(
         options.dsn, options.settings, application_name=READER_APPLICATION
@@ -147,7 +166,8 @@ def jdbc_statement(options: SourceOptions) -> str:
             to_inclusive=options.to_timestamp,
         )
         inner = ClientCursor(conn).mogrify(*partition_rows(plan))
-    return _OUTER.format(json=JSON_SERIALIZER_ID, inner=inner)
+        url, properties = _jdbc_url(conn.info, conninfo.conninfo_to_dict(options.dsn))
+    return _OUTER.format(json=JSON_SERIALIZER_ID, inner=inner), url, properties
 
 
 def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
@@ -156,29 +176,33 @@ def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
     return row
 
 
-def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
-    """The JDBC URL of a TCP DSN and the connection properties (user, password, TLS)."""
-    params = conninfo.conninfo_to_dict(dsn)
-    url = f"jdbc:postgresql://{params['host']}:{params.get('port') or 5432}/"
-    url += str(params.get("dbname") or params.get("user") or "postgres")
+def _jdbc_url(info: ConnectionInfo, dsn: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """The JDBC URL and properties (user, password, TLS) of a connected session."""
+    host = info.host
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    url = f"jdbc:postgresql://{host}:{info.port}/{quote(info.dbname, safe='')}"
     properties = {"driver": JDBC_DRIVER, "ApplicationName": READER_APPLICATION}
-    for name in ("user", "password", "sslmode", "sslrootcert", "sslcert", "sslkey"):
-        if params.get(name):
-            properties[name] = str(params[name])
+    properties["user"] = info.user
+    if info.password:
+        properties["password"] = info.password
+    for name in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
+        if dsn.get(name):
+            properties[name] = str(dsn[name])
     return url, properties
 
 
 def _jdbc_frame(spark: SparkSession, options: SourceOptions) -> DataFrame:
     from pyspark.sql import functions as f
 
-    url, properties = jdbc_url(options.dsn)
+    statement, url, properties = _jdbc_plan(options)
     properties["fetchsize"] = str(options.batch_rows)
     predicates = [
         f"slice BETWEEN {r.min_slice} AND {r.max_slice}" for r in options.partition_ranges()
     ]
     frame = spark.read.jdbc(
         url,
-        f"({jdbc_statement(options)}) AS slicejournal_read",
+        f"({statement}) AS slicejournal_read",
         predicates=predicates,
         properties=properties,
     )

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import Connection, RawCursor
 
 from journal.durable_state import DurableStateChange
+from journal.errors import ProtocolError
 from journal.filter import EventFilter
 from journal.model import EventEnvelope
 from journal.query.source import EVENTS, STATE_CHANGES, RowSource
@@ -54,6 +55,10 @@ class OffsetDao:
             cur.execute(statement.query, statement.params)
         else:
             cur = conn.execute(statement.query, statement.params)
+        if statement.rows is not None and cur.rowcount != statement.rows:
+            raise ProtocolError(
+                f"the offset store wrote {cur.rowcount} row(s) where it had {statement.rows}"
+            )
         return int(cur.rowcount)
 
     def load(self, conn: Connection[Any], slices: SliceRange) -> list[Record]:

@@ -43,6 +43,7 @@ from typing import Any
 import attrs
 import psycopg
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 
 from journal.connection import driver_errors, schema_errors
 from journal.durable_state import DurableStateChange
@@ -107,6 +108,8 @@ from projections.telemetry import (
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
+_IN_TRANSACTION = TransactionStatus.INTRANS
+
 _log = logging.getLogger("slicejournal.projections.runner")
 
 _FLAVOUR = "async" if ASYNC else "sync"
@@ -712,6 +715,12 @@ class SyncProjection:
             else:
                 for env in handled:
                     self._handler(conn, env)
+            if self._fence is not None and conn.info.transaction_status != _IN_TRANSACTION:
+                # Its offsets would be stored outside the handler's transaction.
+                raise ProjectionError(
+                    "the handler ended the batch's transaction itself (commit or rollback); "
+                    "the runner commits the handler's writes with the offsets"
+                )
             self._dao.save(conn, self.key, commit.records, self._fence)
 
     def _round_trips(self, conn: Connection[Any]) -> contextlib.AbstractContextManager[Any]:
@@ -878,8 +887,8 @@ def _fenced_transaction(conn: Connection[Any], fence: Fence) -> Iterator[None]:
     `_round_trips`), and it starts with BEGIN and its idle limit in one query
     (`Fence.begin`), one wait instead of two. A nested `conn.transaction()` of the
     handler becomes a savepoint, as psycopg sees the transaction open."""
-    conn.execute(fence.begin())
     try:
+        conn.execute(fence.begin())
         yield
     except BaseException:
         with contextlib.suppress(psycopg.Error):

@@ -23,7 +23,14 @@ import pytest
 from psycopg import sql
 
 from journal import Journal, SliceRange
-from projections import LeaseLost, OffsetConflict, Projection, ProjectionSettings, ProjectionStats
+from projections import (
+    LeaseLost,
+    OffsetConflict,
+    Projection,
+    ProjectionError,
+    ProjectionSettings,
+    ProjectionStats,
+)
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import run_fenced
 from projections.fencing import Fence
@@ -299,3 +306,27 @@ async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_tt
             await run
     _, applied, _ = await bank.projected(journal)
     assert applied == 0, "the frozen batch was committed"
+
+
+@pytest.mark.timeout(60)
+async def test_a_fenced_handler_that_commits_itself_fails_its_batch(journal: Journal) -> None:
+    """The runner commits a batch's writes with its offsets, after the fence. A handler
+    that commits the transaction itself would leave the fence and the offsets to run
+    outside it: the batch fails instead (a handler error) and stores no offset."""
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    inner = bank.make_grouped_handler(journal)
+
+    async def committing_handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        await inner(conn, envs)
+        await conn.commit()
+
+    projection = whole_grouped(journal, committing_handler, group_after=1)
+    epoch = await claim(journal, everything, "me")
+    await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=0)
+    with pytest.raises(ProjectionError) as failed:
+        await asyncio.wait_for(
+            run_fenced(projection, Fence("balances", everything, "me", epoch, 60_000)), 30
+        )
+    assert "ended the batch's transaction itself" in f"{failed.value} {failed.value.__cause__}"
+    assert await fetch_offsets(journal) == 0, "offsets stored outside the handler's transaction"
