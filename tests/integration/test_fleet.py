@@ -34,11 +34,10 @@ from projections import (
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import run_fenced
 from projections.fencing import Fence
-from projections.fleet.lease_sql import FleetSql
 from projections.fleet.status import FleetStatus
 from projections.tables import ProjectionTables
 from tests.support import ROOT, bank
-from tests.support.fleet import NAME, TTL, Fleet
+from tests.support.fleet import NAME, TTL, Fleet, claim
 from tests.support.pg import fast_query_settings, fetch
 
 
@@ -184,20 +183,6 @@ async def fetch_offsets(journal: Journal) -> int:
     query = sql.SQL("SELECT count(*) FROM {} WHERE persistence_id <> ''")
     rows = await fetch(journal.dsn, query.format(ProjectionTables(journal.tables).offset_store))
     return int(rows[0][0])
-
-
-async def claim(journal: Journal, r: SliceRange, owner: str) -> int:
-    """Claim (or take over) a lease the way a worker does; returns its epoch."""
-    statements = FleetSql(ProjectionTables(journal.tables))
-    connect = psycopg.AsyncConnection.connect(journal.dsn, autocommit=True)
-    async with await connect as conn, conn.transaction():
-        # FOR UPDATE: waits for a fenced transaction holding the row FOR KEY SHARE.
-        await conn.execute(statements.lock_overlapping, ("balances", r.max_slice, r.min_slice))
-        params = statements.claim_params("balances", r, owner, 3_600_000)
-        cur = await conn.execute(statements.claim, params)
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def whole_grouped(journal: Journal, handler: Any, *, group_after: int) -> Projection:

@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psycopg
+
 from journal import BacktrackingSettings, Journal, SliceRange
 from projections import Projection, ProjectionSettings
+from projections.fleet.lease_sql import FleetSql
+from projections.tables import ProjectionTables
 from slicejournal.examples.worker_processes import WorkerProcesses
 from tests.support import ROOT, bank
 from tests.support.pg import fast_query_settings
@@ -77,3 +81,18 @@ class Fleet(WorkerProcesses):
 
     def stop_all(self, within: float = 20.0) -> dict[str, int | None]:
         return super().stop_all(within)
+
+
+async def claim(journal: Journal, r: SliceRange, owner: str, name: str = "balances") -> int:
+    """Claim (or take over) projection `name`'s lease on `r` the way a worker does;
+    returns its epoch."""
+    statements = FleetSql(ProjectionTables(journal.tables))
+    connect = psycopg.AsyncConnection.connect(journal.dsn, autocommit=True)
+    async with await connect as conn, conn.transaction():
+        # FOR UPDATE: waits for a fenced transaction holding the row FOR KEY SHARE.
+        await conn.execute(statements.lock_overlapping, (name, r.max_slice, r.min_slice))
+        params = statements.claim_params(name, r, owner, 3_600_000)
+        cur = await conn.execute(statements.claim, params)
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
