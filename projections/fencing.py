@@ -51,8 +51,13 @@ class Fence:
     idle_timeout_ms: int
 
     def statement(self, tables: ProjectionTables) -> tuple[str, tuple[object, ...]]:
+        return _fence_call(tables), self.params()
+
+    def params(self) -> tuple[object, ...]:
+        """The fence function's arguments, in its order (`statement`, `OffsetSql`'s
+        fenced insert)."""
         r = self.slice_range
-        return _fence_call(tables), (
+        return (
             self.projection_name,
             r.min_slice,
             r.max_slice,

@@ -91,6 +91,11 @@ class OffsetSql:
                 "ORDER BY timestamp_offset DESC, seq_nr DESC LIMIT 1"
             ).format(t=t)
         )
+        # The head of both inserts of offset rows (`_value_rows` gives their values).
+        self._insert_into = sql.SQL(
+            "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
+            "seq_nr, timestamp_offset, timestamp_consumed)"
+        ).format(t=t)
         self._values_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
         self._fenced_by_size: LRUCache[int, str] = LRUCache(_CACHED_BATCH_SIZES)
         self._clear = rendered(
@@ -136,19 +141,17 @@ class OffsetSql:
                 sql.SQL(
                     "WITH fence AS MATERIALIZED (SELECT {fence}(${a}::varchar, ${b}::int, "
                     "${c}::int, ${d}::varchar, ${e}::bigint, ${f}::bigint)) "
-                    "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
-                    "seq_nr, timestamp_offset, timestamp_consumed) "
-                    "SELECT v.* FROM (VALUES {rows}) AS v CROSS JOIN fence"
+                    "{insert} SELECT v.* FROM (VALUES {rows}) AS v CROSS JOIN fence"
                 ).format(
                     fence=self._tables.lease_fence,
-                    t=self._table,
+                    insert=self._insert_into,
                     rows=_value_rows(n, cast_key=True),
                     **{x: sql.SQL(str(first + i)) for i, x in enumerate("abcdef")},
                 )
             )
             self._fenced_by_size[n] = statement
         params = self._row_params(key, records)
-        params += fence.statement(self._tables)[1]
+        params += fence.params()
         return Statement(statement, params, raw=True, rows=n)
 
     def _insert_values(self, key: str, records: Sequence[Record]) -> list[Statement]:
@@ -164,10 +167,9 @@ class OffsetSql:
         statement = self._values_by_size.get(n)
         if statement is None:
             statement = rendered(
-                sql.SQL(
-                    "INSERT INTO {t} (projection_name, projection_key, slice, persistence_id, "
-                    "seq_nr, timestamp_offset, timestamp_consumed) VALUES {rows}"
-                ).format(t=self._table, rows=_value_rows(n, cast_key=False))
+                sql.SQL("{insert} VALUES {rows}").format(
+                    insert=self._insert_into, rows=_value_rows(n, cast_key=False)
+                )
             )
             self._values_by_size[n] = statement
         return Statement(statement, self._row_params(key, records), raw=True)

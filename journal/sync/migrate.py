@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg import Connection
+from psycopg import Connection, sql
 
 from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import LockTimeout, SchemaOutdated
@@ -135,14 +135,23 @@ def _lock_timeout(step: Migration, settings: JournalSettings) -> LockTimeout:
     )
 
 
+def require_table(
+    conn: Connection[Any], tables: Tables, table: sql.Composable | None = None
+) -> None:
+    """`SchemaNotInitialized` (naming the journal table, the schema's own) if `table`
+    (default: the journal) does not exist."""
+    named = tables.journal if table is None else table
+    cur = conn.execute(TABLE_EXISTS, (named.as_string(conn),))
+    row = cur.fetchone()
+    if not (row and row[0]):
+        raise schema_missing(conn, tables)
+
+
 def check_schema(conn: Connection[Any], tables: Tables) -> None:
     """`SchemaNotInitialized` if there is no journal table, `SchemaOutdated` /
     `SchemaTooNew` unless every installed component is at this release's version
     (every installation of a component in the schema, as its names are not known here)."""
-    cur = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),))
-    row = cur.fetchone()
-    if not (row and row[0]):
-        raise schema_missing(conn, tables)
+    require_table(conn, tables)
     versions = read_versions(conn, tables)
     if versions is None:
         raise SchemaOutdated(

@@ -106,9 +106,9 @@ from projections.telemetry import (
 
 # Lifecycle (start, stop, pause, resume, failure) at INFO/ERROR, retries and
 # skips at WARNING/ERROR; see the README's "Logging" section.
-_IN_TRANSACTION = TransactionStatus.INTRANS
-
 _log = logging.getLogger("slicejournal.projections.runner")
+
+_IN_TRANSACTION = TransactionStatus.INTRANS
 
 _FLAVOUR = "async" if ASYNC else "sync"
 

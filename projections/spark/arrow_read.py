@@ -38,9 +38,10 @@ from adbc_driver_manager import AdbcConnection, AdbcDatabase, AdbcStatement
 from adbc_driver_postgresql import StatementOptions
 from psycopg import ClientCursor, conninfo
 
-from journal.connection import TABLE_EXISTS, connection_failed, one_line, schema_missing
+from journal.connection import connection_failed, one_line
 from journal.errors import ConnectionLost, DatabaseError, JournalError, QueryCancelled
 from journal.query.horizon import READER_APPLICATION
+from journal.sync.migrate import require_table
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark import sql as q
@@ -105,9 +106,7 @@ def _bound_statement(plan: ReadPlan) -> str:
     tables = Tables(options.settings)
     table = tables.durable_state if options.read == DURABLE_STATE else tables.journal
     with open_connection(options.dsn, options.settings) as conn:
-        exists = conn.execute(TABLE_EXISTS, (table.as_string(conn),)).fetchone()
-        if not (exists and exists[0]):
-            raise schema_missing(conn, tables)
+        require_table(conn, tables, table)
         return ClientCursor(conn).mogrify(*q.partition_rows(plan))
 
 

@@ -40,12 +40,12 @@ import attrs
 import psycopg
 from psycopg import ClientCursor, ConnectionInfo, conninfo
 
-from journal.connection import TABLE_EXISTS, schema_missing
 from journal.errors import ProtocolError
 from journal.model import EPOCH
 from journal.query import sql as journal_sql
 from journal.query.horizon import READER_APPLICATION, horizon_from_row
 from journal.serialization import JSON_SERIALIZER_ID
+from journal.sync.migrate import require_table
 from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.spark.arrow import SCHEMA_DDL
@@ -152,9 +152,7 @@ def _jdbc_plan(options: SourceOptions) -> tuple[str, str, dict[str, str]]:
     with open_connection(
         options.dsn, options.settings, application_name=READER_APPLICATION
     ) as conn:
-        exists = conn.execute(TABLE_EXISTS, (tables.journal.as_string(conn),)).fetchone()
-        if not (exists and exists[0]):
-            raise schema_missing(conn, tables)
+        require_table(conn, tables)
         reading = horizon_from_row(
             _one(conn.execute(*journal_sql.horizon(tables, READER_APPLICATION)).fetchone())
         )
