@@ -1,7 +1,7 @@
 """Throughput of `Journal.append` against raw psycopg inserting the same rows.
 
     .venv/bin/python benchmarks/append.py [--dsn DSN] [--seconds 5] [--rounds 2] [--quick]
-        [--cases 1x1,8x1]
+        [--cases 1x1,8x1,4x8x1]
 
 Four cases: 1 and 8 concurrent writers x batches of 1 and 100 events. Each
 writer appends to its own 50 persistence ids in rotation, tracking
@@ -28,7 +28,13 @@ this process: event loop, psycopg, the library) over its timed window, shown
 as microseconds per append (one `append` call / one statement, whatever the
 batch); a second table shows those figures (median over the rounds) for
 raw, the journal's SQL and the journal, and the journal's excess over its SQL.
-`--cases 1x1,8x1` runs only those WRITERSxBATCH cases.
+`--cases 1x1,8x1` runs only those WRITERSxBATCH cases; `PROCESSESxWRITERSxBATCH`
+(`4x8x1`) runs every variant in that many processes at once, each with its own
+writers and persistence ids over the same fresh schema (started together, their
+timed windows aligned to the same wall-clock second): the events/s are the sum
+of the processes', the client CPU per append their CPU summed. One process's
+appends are bound by its one core (the GIL); this shows what several processes
+of a service, or a fleet, add up to on a machine with more cores.
 
 The goal is journal/raw >= 0.8 in every case with NOTIFY on; journal/SQL shows
 how much of the gap is the library rather than the statement.
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -92,10 +99,12 @@ VARIANTS = (RAW, SQL_ONLY, JOURNAL, NO_NOTIFY)
 class Case:
     writers: int
     batch: int
+    processes: int = 1  # > 1: every variant runs in that many processes at once
 
     @property
     def name(self) -> str:
-        return f"{self.writers} writer{'s' if self.writers > 1 else ''} x batch {self.batch}"
+        writers = f"{self.writers} writer{'s' if self.writers > 1 else ''} x batch {self.batch}"
+        return writers if self.processes == 1 else f"{self.processes} procs x {writers}"
 
 
 CASES = (Case(1, 1), Case(1, 100), Case(8, 1), Case(8, 100))
@@ -286,9 +295,14 @@ class Measured(Rate):
 
 
 async def measure_after_checkpoint(dsn: str, workers: list[Operation], timing: Timing) -> Measured:
+    """`measure_with_cpu` after a checkpoint."""
+    await checkpoint(dsn)
+    return await measure_with_cpu(workers, timing)
+
+
+async def measure_with_cpu(workers: list[Operation], timing: Timing) -> Measured:
     """`measure`, plus this process's CPU time over (very nearly) the same timed window:
     a sampler sleeps through the same warm-up and window beside the workers."""
-    await checkpoint(dsn)
     cpu: list[float] = []
 
     async def sample() -> None:
@@ -319,11 +333,98 @@ async def check_row_count(dsn: str, table: sql.Composable, rate: Rate) -> None:
 
 
 async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Measured:
+    if case.processes > 1:
+        return await run_in_processes(variant, dsn, case, timing)
     if variant == RAW:
         return await run_raw(dsn, case, timing, raw_writer)
     if variant == SQL_ONLY:
         return await run_raw(dsn, case, timing, statement_writer)
     return await run_journal(dsn, case, timing, notify=variant == JOURNAL)
+
+
+# -- several processes at once ------------------------------------------------------------
+
+CHILD = "--child"  # argv[1] of a writer process; argv[2] is its `ChildSpec` as JSON
+START_DELAY = 3.0  # seconds from spawning the processes to their common start (imports, pools)
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    variant: str
+    dsn: str
+    schema: str
+    writers: int
+    batch: int
+    first_writer: int  # its writers' indexes (and so persistence ids) start here
+    warmup: float
+    seconds: float
+    start_at: float  # time.time() at which every process starts its warm-up
+
+
+async def run_in_processes(variant: str, dsn: str, case: Case, timing: Timing) -> Measured:
+    """`variant` in `case.processes` processes over one fresh schema; the sum of their rates."""
+    schema = fresh_schema("bench_procs")
+    settings = JournalSettings(schema=schema)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await migrate(conn, settings)
+        await checkpoint(dsn)
+        start_at = time.time() + START_DELAY
+        specs = [
+            ChildSpec(variant, dsn, schema, case.writers, case.batch, p * case.writers,
+                      timing.warmup, timing.seconds, start_at)
+            for p in range(case.processes)
+        ]  # fmt: skip
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, CHILD, json.dumps(spec.__dict__),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for spec in specs
+        ]  # fmt: skip
+        outputs = await asyncio.gather(*(child.communicate() for child in children))
+        if any(child.returncode for child in children):
+            codes = [child.returncode for child in children]
+            raise RuntimeError(f"{variant}: writer process exit codes {codes}")
+        runs = [json.loads(out.decode().splitlines()[-1]) for out, _ in outputs]
+        seconds = statistics.mean(r["seconds"] for r in runs)
+        rate = Measured(
+            # Each process's rate over its own window (the windows start together).
+            items=round(sum(r["items"] / r["seconds"] for r in runs) * seconds),
+            seconds=seconds,
+            total=sum(r["total"] for r in runs),
+            cpu_seconds=sum(r["cpu_seconds"] for r in runs),
+        )
+        await check_row_count(dsn, Tables(settings).journal, rate)
+        return rate
+    finally:
+        await drop_schema(dsn, schema)
+
+
+async def run_child(spec: ChildSpec) -> None:
+    """A writer process: `spec.writers` writers of `spec.variant`, timed from `start_at`;
+    prints its `Measured` as JSON on the last line."""
+    timing = Timing(warmup=spec.warmup, seconds=spec.seconds, rounds=1)
+    indexes = range(spec.first_writer, spec.first_writer + spec.writers)
+    async with contextlib.AsyncExitStack() as stack:
+        if spec.variant in (RAW, SQL_ONLY):
+            writer = raw_writer if spec.variant == RAW else statement_writer
+            tables = Tables(JournalSettings(schema=spec.schema))
+            workers = []
+            for w in indexes:
+                conn = await psycopg.AsyncConnection.connect(spec.dsn, autocommit=True)
+                stack.push_async_callback(conn.close)
+                workers.append(writer(conn, tables, PidRotation(w), spec.batch))
+        else:
+            settings = JournalSettings(
+                schema=spec.schema, pool_max_size=spec.writers + 2, writer_id=WRITER_ID,
+                notify=spec.variant == JOURNAL,
+            )  # fmt: skip
+            journal = await stack.enter_async_context(Journal.connect(spec.dsn, settings))
+            workers = [journal_writer(journal, PidRotation(w), spec.batch) for w in indexes]
+        await asyncio.sleep(max(0.0, spec.start_at - time.time()))
+        rate = await measure_with_cpu(workers, timing)
+    print(json.dumps(rate.__dict__), flush=True)
 
 
 @dataclass
@@ -490,14 +591,20 @@ def parse_cases(argv: list[str]) -> tuple[tuple[Case, ...], list[str]]:
         return CASES, rest
     cases = []
     for spec in known.cases.split(","):
-        writers, _, batch = spec.partition("x")
-        if not (writers.isdigit() and batch.isdigit()) or int(writers) < 1 or int(batch) < 1:
-            sys.exit(f"--cases: {spec!r} is not WRITERSxBATCH (e.g. 8x1)")
-        cases.append(Case(int(writers), int(batch)))
+        parts = spec.split("x")
+        if len(parts) == 2:
+            parts.insert(0, "1")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            sys.exit(f"--cases: {spec!r} is not [PROCESSESx]WRITERSxBATCH (e.g. 8x1, 4x8x1)")
+        processes, writers, batch = map(int, parts)
+        cases.append(Case(writers, batch, processes))
     return tuple(cases), rest
 
 
 def main() -> int:
+    if sys.argv[1:2] == [CHILD]:
+        asyncio.run(run_child(ChildSpec(**json.loads(sys.argv[2]))))
+        return 0
     cases, rest = parse_cases(sys.argv[1:])
     return run(parse_args(rest), lambda timing, dsn: run_cases(cases, timing, dsn))
 

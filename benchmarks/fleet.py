@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fleet.py [--dsn DSN] [--lease-ttl 2] [--kills 5] [--rate 200]
                                          [--events 100000] [--rounds 2] [--quick]
+                                         [--throughput-only [--instances 4] [--workers 1,2,4]]
 
 Workers are real `python -m slicejournal.cli worker fleet:projection` processes
 (cwd `benchmarks/`, so this file is the factory module they import; the
@@ -57,6 +58,9 @@ most of the 10k events), the projection is resumed; the run lasts from the resum
 last row was inserted (max(applied_at); its batch commits milliseconds later).
 Variants are interleaved (reversed every other round); the best of `--rounds`
 is shown. No goal is set for throughput: the ratios are informational.
+`--throughput-only` skips failover and rescale; with it, `--instances` and
+`--workers` set the number of ranges (for the group too) and the worker counts
+compared (on a machine with more cores: `--instances 8 --workers 1,2,4,8`).
 """
 
 from __future__ import annotations
@@ -201,7 +205,7 @@ async def create_applied(dsn: str, schema: str, run_tag: str, *, by_time: bool =
 
 
 def worker_processes(
-    dsn: str, schema: str, run_tag: str, ttl: float, logs: Path
+    dsn: str, schema: str, run_tag: str, ttl: float, logs: Path, instances: int = INSTANCES
 ) -> WorkerProcesses:
     """The worker subprocesses of one run, by worker id; logs in `logs/`. They run this
     module's `projection` (cwd `BENCH_DIR`) and die with the benchmark."""
@@ -215,7 +219,7 @@ def worker_processes(
         cwd=BENCH_DIR,
         env={**os.environ, RUN_ENV: run_tag},
         tied=True,
-        instances=INSTANCES,
+        instances=instances,
     )
 
 
@@ -703,10 +707,10 @@ async def timed_apply(
     return seconds
 
 
-async def run_group(journal: Journal, run_tag: str, total: int) -> TpRun:
+async def run_group(journal: Journal, run_tag: str, total: int, instances: int) -> TpRun:
     await ProjectionManagement(journal).pause(projection_name(run_tag))
     started = time.perf_counter()
-    group = ProjectionGroup(lambda r: make_projection(journal, r, run_tag), INSTANCES)
+    group = ProjectionGroup(lambda r: make_projection(journal, r, run_tag), instances)
     await group.start()
 
     def check() -> None:
@@ -730,14 +734,16 @@ async def run_workers(
 ) -> tuple[TpRun, list[str]]:
     name = projection_name(run_tag)
     control = FleetControl(journal)
-    fleet = worker_processes(journal.dsn, journal.settings.schema, run_tag, config.ttl, logs)
+    fleet = worker_processes(
+        journal.dsn, journal.settings.schema, run_tag, config.ttl, logs, config.instances
+    )
     await ProjectionManagement(journal).pause(name)
     started = time.perf_counter()
     problems = []
     try:
         for i in range(workers):
             fleet.start(f"w{i + 1}")
-        await wait_balanced(control, fleet, name, workers=workers)
+        await wait_balanced(control, fleet, name, workers=workers, instances=config.instances)
         startup = time.perf_counter() - started
         seconds = await timed_apply(journal, run_tag, total, fleet.check)
         status = await control.status(name)
@@ -764,7 +770,7 @@ async def run_throughput(
 ) -> tuple[dict[int, list[TpRun]], list[str]]:
     schema = fresh_schema("bench_fleet_tp")
     settings = JournalSettings(schema=schema, pool_max_size=20)
-    variants = (0, *WORKER_COUNTS)  # 0: the in-process group
+    variants = (0, *config.workers)  # 0: the in-process group
     results: dict[int, list[TpRun]] = {v: [] for v in variants}
     problems: list[str] = []
     try:
@@ -785,7 +791,7 @@ async def run_throughput(
                     await create_applied(dsn, schema, tag)
                     await checkpoint(dsn)
                     if variant == 0:
-                        result = await run_group(journal, tag, total)
+                        result = await run_group(journal, tag, total, config.instances)
                     else:
                         result, found = await run_workers(
                             journal, tag, total, variant, config, logs
@@ -898,6 +904,9 @@ class Config:
     rate: float
     events: int
     rounds: int
+    throughput_only: bool = False
+    instances: int = INSTANCES  # ranges in the throughput runs
+    workers: tuple[int, ...] = WORKER_COUNTS  # worker counts in the throughput runs
 
 
 async def main_async(config: Config, dsn_arg: str | None) -> int:
@@ -910,10 +919,14 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
             poll = min(1.0, config.ttl / 4)
             print(
                 f"fleet:    lease TTL T = {config.ttl:g} s (renewed every T/3, rebalanced every "
-                f"{format_ms(poll)}), {INSTANCES} ranges, group_after_envelopes={GROUP}, "
+                f"{format_ms(poll)}), {config.instances} ranges, group_after_envelopes={GROUP}, "
                 f"group_after_duration={format_ms(BATCH)}; worker logs in {logs}"
             )
             print()
+            if config.throughput_only:
+                code = await throughput_only(db.dsn, config, logs, started)
+                ok = code == 0
+                return code
             print(
                 f"== (a) failover: 3 workers, a writer appending {config.rate:g} events/s; "
                 f"{config.kills} x SIGKILL of the worker owning the most ranges",
@@ -923,7 +936,7 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
             print()
             print(
                 f"== (c) throughput: {config.events:,} events, a fresh projection per run, "
-                f"in-process group of {INSTANCES} vs {', '.join(map(str, WORKER_COUNTS))} "
+                f"in-process group of {INSTANCES} vs {', '.join(map(str, config.workers))} "
                 f"worker process(es); {config.rounds} interleaved round(s), best shown",
                 flush=True,
             )
@@ -954,6 +967,24 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
             print(f"worker logs kept in {logs}", file=sys.stderr)
 
 
+async def throughput_only(dsn: str, config: Config, logs: Path, started: float) -> int:
+    """`--throughput-only`: part (c) alone."""
+    print(
+        f"== (c) throughput: {config.events:,} events, a fresh projection per run, "
+        f"in-process group of {config.instances} vs {', '.join(map(str, config.workers))} "
+        f"worker process(es) over {config.instances} ranges; {config.rounds} interleaved "
+        "round(s), best shown",
+        flush=True,
+    )
+    throughput, problems = await run_throughput(dsn, config, logs)
+    print()
+    print_throughput(throughput)
+    print("checks: " + ("every event applied once, no restarts, no errors" if not problems
+                        else "; ".join(problems)))  # fmt: skip
+    print(f"total time {time.perf_counter() - started:.0f} s")
+    return 0 if not problems else 1
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add_dsn_argument(parser)
@@ -965,15 +996,34 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Confi
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 2 kills, 10k events, 1 round"
     )
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="only part (c), the throughput runs"
+    )
+    parser.add_argument(
+        "--instances", type=int, default=INSTANCES,
+        help=f"ranges in the throughput runs ({INSTANCES}; with --throughput-only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", default=",".join(map(str, WORKER_COUNTS)),
+        help="worker process counts compared in the throughput runs (1,2,4; with "
+        "--throughput-only)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.lease_ttl <= 0 or args.kills < 1 or args.rate <= 0 or args.rounds < 1:
         parser.error("--lease-ttl > 0, --kills >= 1, --rate > 0, --rounds >= 1")
+    workers = tuple(int(w) for w in args.workers.split(",") if w.strip().isdigit())
+    if not workers or min(workers) < 1 or args.instances < 1:
+        parser.error("--workers: counts >= 1, comma-separated; --instances >= 1")
+    if (args.instances, workers) != (INSTANCES, WORKER_COUNTS) and not args.throughput_only:
+        parser.error("--instances and --workers go with --throughput-only")
     if args.events < PIDS:
         parser.error(f"--events >= {PIDS}")
-    if args.quick:
-        config = Config(args.lease_ttl, kills=2, rate=args.rate, events=10_000, rounds=1)
-    else:
-        config = Config(args.lease_ttl, args.kills, args.rate, args.events, args.rounds)
+    events, rounds = (10_000, 1) if args.quick else (args.events, args.rounds)
+    kills = 2 if args.quick else args.kills
+    config = Config(
+        args.lease_ttl, kills, args.rate, events, rounds,
+        args.throughput_only, args.instances, workers,
+    )  # fmt: skip
     return args, config
 
 
