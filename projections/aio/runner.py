@@ -146,7 +146,14 @@ _Item = EventEnvelope | DurableStateChange | _StreamEnded
 
 
 class Projection:
-    """One running instance of a projection over one slice range."""
+    """One running instance of a projection over one slice range.
+
+    Built by the factory of its delivery mode, which types its handler:
+    `exactly_once`, `grouped`, `at_least_once` over events, and
+    `exactly_once_changes`, `grouped_changes`, `at_least_once_changes` over the
+    durable state. (`Projection(..., mode=..., handler=...)` is deprecated, until
+    0.4.0.)
+    """
 
     def __init__(
         self,
@@ -156,11 +163,47 @@ class Projection:
         entity_type: str,
         slice_range: SliceRange,
         mode: Mode,
-        handler: Callable[..., Awaitable[None]],
+        handler: Handler | GroupedHandler | AtLeastOnceHandler,
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
+    ) -> None:
+        """Deprecated since 0.3.0 (removed in 0.4.0): use the factory of the mode,
+        `Projection.exactly_once` / `grouped` / `at_least_once`, which types the handler."""
+        warnings.warn(
+            "Projection(..., mode=...) is deprecated: build it with "
+            "Projection.exactly_once / .grouped / .at_least_once "
+            "(the handler's type follows the mode)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._setup(journal, name=name, entity_type=entity_type, slice_range=slice_range,
+                    mode=mode, handler=handler, settings=settings, recovery=recovery,
+                    query_settings=query_settings, telemetry=telemetry, filter=filter,
+                    source=EVENTS)  # fmt: skip
+
+    @classmethod
+    def _create(cls, journal: Journal, **fields: Any) -> Projection:
+        """The factories' constructor (`_setup`'s keywords), without the deprecation."""
+        projection = cls.__new__(cls)
+        projection._setup(journal, **fields)
+        return projection
+
+    def _setup(
+        self,
+        journal: Journal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        mode: Mode,
+        handler: Callable[..., Awaitable[None]],
+        settings: ProjectionSettings | None,
+        recovery: RecoveryStrategy | None,
+        query_settings: QuerySettings | None,
+        telemetry: Telemetry | None,
         filter: EventFilter | None = None,
         source: RowSource[Any] = EVENTS,
     ) -> None:
@@ -260,11 +303,11 @@ class Projection:
         snapshot's state; the handler builds the read model from it), so a new
         projection over long-lived ids reads the snapshots and the events after them.
         """
-        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -285,11 +328,11 @@ class Projection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
         Options as for `exactly_once`."""
-        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -310,11 +353,11 @@ class Projection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
         Options as for `exactly_once`."""
-        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def exactly_once_changes(
@@ -337,10 +380,10 @@ class Projection:
         or below the one handled is a duplicate, a higher one is applied, gaps are
         normal. A deletion arrives with `deleted=True`. Options as for
         `exactly_once` (no `filter`: it selects events)."""
-        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     @classmethod
     def grouped_changes(
@@ -358,10 +401,10 @@ class Projection:
     ) -> Projection:
         """Over the durable state: `handler(conn, changes)` per batch, in the transaction
         that stores their offsets. Revisions as for `exactly_once_changes`."""
-        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     @classmethod
     def at_least_once_changes(
@@ -379,10 +422,10 @@ class Projection:
     ) -> Projection:
         """Over the durable state: `handler(change)` outside any offset transaction,
         offsets saved periodically. Revisions as for `exactly_once_changes`."""
-        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 

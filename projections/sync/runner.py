@@ -148,7 +148,14 @@ _Item = EventEnvelope | DurableStateChange | _StreamEnded
 
 
 class SyncProjection:
-    """One running instance of a projection over one slice range."""
+    """One running instance of a projection over one slice range.
+
+    Built by the factory of its delivery mode, which types its handler:
+    `exactly_once`, `grouped`, `at_least_once` over events, and
+    `exactly_once_changes`, `grouped_changes`, `at_least_once_changes` over the
+    durable state. (`SyncProjection(..., mode=..., handler=...)` is deprecated, until
+    0.4.0.)
+    """
 
     def __init__(
         self,
@@ -158,11 +165,47 @@ class SyncProjection:
         entity_type: str,
         slice_range: SliceRange,
         mode: Mode,
-        handler: Callable[..., None],
+        handler: SyncHandler | SyncGroupedHandler | SyncAtLeastOnceHandler,
         settings: ProjectionSettings | None = None,
         recovery: RecoveryStrategy | None = None,
         query_settings: QuerySettings | None = None,
         telemetry: Telemetry | None = None,
+        filter: EventFilter | None = None,
+    ) -> None:
+        """Deprecated since 0.3.0 (removed in 0.4.0): use the factory of the mode,
+        `SyncProjection.exactly_once` / `grouped` / `at_least_once`, which types the handler."""
+        warnings.warn(
+            "SyncProjection(..., mode=...) is deprecated: build it with "
+            "SyncProjection.exactly_once / .grouped / .at_least_once "
+            "(the handler's type follows the mode)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._setup(journal, name=name, entity_type=entity_type, slice_range=slice_range,
+                    mode=mode, handler=handler, settings=settings, recovery=recovery,
+                    query_settings=query_settings, telemetry=telemetry, filter=filter,
+                    source=EVENTS)  # fmt: skip
+
+    @classmethod
+    def _create(cls, journal: SyncJournal, **fields: Any) -> SyncProjection:
+        """The factories' constructor (`_setup`'s keywords), without the deprecation."""
+        projection = cls.__new__(cls)
+        projection._setup(journal, **fields)
+        return projection
+
+    def _setup(
+        self,
+        journal: SyncJournal,
+        *,
+        name: str,
+        entity_type: str,
+        slice_range: SliceRange,
+        mode: Mode,
+        handler: Callable[..., None],
+        settings: ProjectionSettings | None,
+        recovery: RecoveryStrategy | None,
+        query_settings: QuerySettings | None,
+        telemetry: Telemetry | None,
         filter: EventFilter | None = None,
         source: RowSource[Any] = EVENTS,
     ) -> None:
@@ -262,11 +305,11 @@ class SyncProjection:
         snapshot's state; the handler builds the read model from it), so a new
         projection over long-lived ids reads the snapshots and the events after them.
         """
-        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def grouped(
@@ -287,11 +330,11 @@ class SyncProjection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
         Options as for `exactly_once`."""
-        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def at_least_once(
@@ -312,11 +355,11 @@ class SyncProjection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
         Options as for `exactly_once`."""
-        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, filter=filter,
-                   source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, filter=filter,
+                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
 
     @classmethod
     def exactly_once_changes(
@@ -339,10 +382,10 @@ class SyncProjection:
         or below the one handled is a duplicate, a higher one is applied, gaps are
         normal. A deletion arrives with `deleted=True`. Options as for
         `exactly_once` (no `filter`: it selects events)."""
-        return cls(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     @classmethod
     def grouped_changes(
@@ -360,10 +403,10 @@ class SyncProjection:
     ) -> SyncProjection:
         """Over the durable state: `handler(conn, changes)` per batch, in the transaction
         that stores their offsets. Revisions as for `exactly_once_changes`."""
-        return cls(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     @classmethod
     def at_least_once_changes(
@@ -381,10 +424,10 @@ class SyncProjection:
     ) -> SyncProjection:
         """Over the durable state: `handler(change)` outside any offset transaction,
         offsets saved periodically. Revisions as for `exactly_once_changes`."""
-        return cls(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                   entity_type=entity_type, slice_range=slice_range,
-                   settings=settings, recovery=recovery, query_settings=query_settings,
-                   telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                           entity_type=entity_type, slice_range=slice_range,
+                           settings=settings, recovery=recovery, query_settings=query_settings,
+                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -33,7 +33,6 @@ from projections import (
     ProjectionSettings,
 )
 from projections.aio.offset_dao import OffsetDao
-from projections.core import Mode
 from projections.errors import UnknownProjection
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, START_SEQ_NR, Record
 from projections.tables import ProjectionTables
@@ -78,17 +77,20 @@ class Watched(Projection):
     """An exactly-once bank projection that counts the polls in which it found itself
     paused (a test hook on the real runner; the database is real)."""
 
-    def __init__(self, j: Journal, slice_range: SliceRange) -> None:
-        super().__init__(
+    paused_polls = 0
+
+    @classmethod
+    def of(cls, j: Journal, slice_range: SliceRange) -> Watched:
+        projection = cls.exactly_once(
             j,
             name=NAME,
             entity_type=bank.ENTITY,
             slice_range=slice_range,
-            mode=Mode.EXACTLY_ONCE,
             handler=bank.make_handler(j),
             settings=SETTINGS,
         )
-        self.paused_polls = 0
+        assert isinstance(projection, Watched)
+        return projection
 
     async def _paused(self) -> bool:
         paused = await super()._paused()
@@ -185,7 +187,7 @@ async def test_pausing_the_whole_projection_holds_events_until_resume(
     mgmt = ProjectionManagement(j)
     a, b = accounts_in(LOWER, 1)[0], accounts_in(UPPER, 1)[0]
     await j.append(a, [{"amount": 1}], expected_seq_nr=0)
-    p = Watched(j, ALL)
+    p = Watched.of(j, ALL)
     async with running(p):
         await eventually(lambda: _has(j, {(a, 1)}), "the first event is applied")
         await mgmt.pause(NAME)
@@ -215,7 +217,7 @@ async def test_pausing_one_range_holds_only_that_range(bank_journal: Journal) ->
     a, b = accounts_in(LOWER, 1)[0], accounts_in(UPPER, 1)[0]
     await j.append(a, [{"amount": 1}], expected_seq_nr=0)
     await j.append(b, [{"amount": 1}], expected_seq_nr=0)
-    lower, upper = Watched(j, LOWER), Watched(j, UPPER)
+    lower, upper = Watched.of(j, LOWER), Watched.of(j, UPPER)
     async with running(lower, upper):
         await eventually(lambda: _has(j, {(a, 1), (b, 1)}), "both first events are applied")
         await mgmt.pause(NAME, LOWER)
@@ -265,7 +267,7 @@ async def test_set_offset_skips_earlier_events_and_applies_later_ones(
     assert len(rows) == 1024
     assert {(p, n, ts) for _, p, n, ts in rows} == {(PROGRESS_PID, START_SEQ_NR, t)}
 
-    p = Watched(j, ALL)
+    p = Watched.of(j, ALL)
     async with running(p):
         await eventually(lambda: _has(j, {(a, 2), (c, 1)}), "the later events are applied")
         # a's seq_nr 2 came with a gap (its seq_nr 1 is before the offset); the
@@ -288,7 +290,7 @@ async def test_clear_offset_restarts_from_the_beginning(bank_journal: Journal) -
     everything = {(pid, n) for pid in lower + upper for n in (1, 2, 3)}
 
     async def project() -> None:
-        p = Watched(j, ALL)
+        p = Watched.of(j, ALL)
         async with running(p):
             await caught_up(p, j)
 
@@ -320,13 +322,13 @@ async def test_events_after_deleted_unprojected_ones_are_applied(bank_journal: J
     j = bank_journal
     a = accounts_in(ALL, 1)[0]
     await j.append(a, [{"amount": 1}, {"amount": 2}, {"amount": 3}], expected_seq_nr=0)
-    p = Watched(j, ALL)
+    p = Watched.of(j, ALL)
     async with running(p):
         await caught_up(p, j)
     await j.append(a, [{"amount": 10}, {"amount": 20}], expected_seq_nr=3)
     await j.append(a, [{"amount": 100}], expected_seq_nr=5)
     await j.delete_events_to(a, 5)
-    p = Watched(j, ALL)
+    p = Watched.of(j, ALL)
     async with running(p):
         await eventually(lambda: _has(j, {(a, 6)}), "the event after the deleted ones")
         await j.append(a, [{"amount": 1000}], expected_seq_nr=6)
@@ -377,7 +379,7 @@ async def test_status_per_range(bank_journal: Journal) -> None:
     await mgmt.resume(NAME, ranges[2])
     assert not any(s.paused for s in await mgmt.status(NAME, bank.ENTITY, ranges=4))
 
-    p = Watched(j, ALL)
+    p = Watched.of(j, ALL)
     async with running(p):
         await caught_up(p, j)
     status = await mgmt.status(NAME, bank.ENTITY, ranges=4)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import sys
+import warnings
 from typing import Any
 
 import psycopg
@@ -16,6 +17,7 @@ from psycopg import sql
 from journal import (
     DeserializationError,
     Journal,
+    SliceRange,
     slice_for,
     slice_ranges,
 )
@@ -27,6 +29,7 @@ from projections import (
     ProjectionSettings,
     RecoveryStrategy,
 )
+from projections.core import Mode
 from projections.tables import ProjectionTables
 from tests.support import ROOT, bank
 from tests.support.projections import (
@@ -379,3 +382,31 @@ async def test_offset_table_stays_bounded_under_steady_load(bank_journal: Journa
     # while the journal keeps growing.
     print(f"\noffset rows over time: {sizes}; events written: {written}")
     assert max(sizes[-3:]) < written / 2
+
+
+async def test_the_deprecated_constructor_warns_naming_the_factories_and_still_projects(
+    bank_journal: Journal,
+) -> None:
+    """0.2.0's `Projection(..., mode=...)` works until 0.4.0, with a warning; the
+    factories (which type the handler by mode) do not warn."""
+    j = bank_journal
+    writers = bank.Writers(j, 50, late_fraction=0.0, seed=7)
+    writers.start(writers=2, max_batches=10)
+    await writers.wait()
+    with pytest.warns(DeprecationWarning, match=r"Projection\.exactly_once") as caught:
+        projection = Projection(
+            j, name="balances", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+            mode=Mode.EXACTLY_ONCE, handler=bank.make_handler(j), settings=FAST,
+        )  # fmt: skip
+    assert [w.filename for w in caught] == [__file__]  # the caller's line, not ours
+    assert projection.mode is Mode.EXACTLY_ONCE
+    await projection.run(until_caught_up=True)
+    await assert_exact(j)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        grouped = Projection.grouped(
+            j, name="balances-2", entity_type=bank.ENTITY, slice_range=SliceRange(0, 1023),
+            handler=bank.make_grouped_handler(j), settings=FAST,
+        )  # fmt: skip
+    assert grouped.mode is Mode.GROUPED and type(grouped) is Projection
