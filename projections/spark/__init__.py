@@ -24,7 +24,13 @@ from projections.spark.options import SourceOptionError
 
 # pyspark, pyarrow and psycopg: imported on first use.
 if TYPE_CHECKING:
-    from projections.spark.driver import RebuildResult, project, rebuild, store_start
+    from projections.spark.driver import (
+        RebuildResult,
+        project,
+        project_changes,
+        rebuild,
+        store_start,
+    )
     from projections.spark.jdbc import ReadExecutor, read_events
     from projections.spark.leases import DEFAULT_LEASE_TTL, ProjectionBusy
     from projections.spark.session import local_session, register, spark_session
@@ -34,7 +40,8 @@ __getattr__, __dir__ = lazy_attributes(
     {
         **dict.fromkeys(("DEFAULT_LEASE_TTL", "ProjectionBusy"), "projections.spark.leases"),
         **dict.fromkeys(
-            ("RebuildResult", "project", "rebuild", "store_start"), "projections.spark.driver"
+            ("RebuildResult", "project", "project_changes", "rebuild", "store_start"),
+            "projections.spark.driver",
         ),
         **dict.fromkeys(("ReadExecutor", "read_events"), "projections.spark.jdbc"),
         **dict.fromkeys(
@@ -57,6 +64,7 @@ __all__ = [
     "SourceOptionError",
     "local_session",
     "project",
+    "project_changes",
     "read_events",
     "rebuild",
     "register",

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from journal.durable_state import DurableStateChange, rows_to_changes
 from journal.model import SNAPSHOT_SOURCE, EventEnvelope
 from journal.rows import PAYLOAD_COLUMN, iter_envelopes
 from journal.serialization import JSON_SERIALIZER_ID, SerializerRegistry
@@ -161,6 +162,30 @@ def envelopes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[E
         e._replace(source=SNAPSHOT_SOURCE) if snapshot else e
         for e, snapshot in zip(decoded, snapshots, strict=True)
     )
+
+
+def changes(batch: pa.RecordBatch, registry: SerializerRegistry) -> Iterator[DurableStateChange]:
+    """The durable state changes of a batch read with `read=durableState`, decoded by the
+    store's one row decoder (`journal.durable_state.rows_to_changes`), as
+    `changes_by_slices` delivers them (a deletion with `deleted`, an undecodable state
+    with its `DeserializationError`)."""
+    cols = batch.to_pydict()
+    return rows_to_changes(
+        (_state_row(cols, i) for i in range(batch.num_rows)), registry, source="query"
+    )
+
+
+def _state_row(cols: dict[str, list[Any]], i: int) -> tuple[tuple[Any, ...], None]:
+    """Row `i` of a durable state batch in the store's column order
+    (`journal.durable_state.STATE_COLUMNS`, then the payload), without an offset."""
+    text = cols["value"][i]
+    row = (
+        cols["persistence_id"][i], cols["entity_type"][i], cols["slice"][i],
+        cols["revision"][i], cols["db_timestamp"][i], cols["ser_id"][i],
+        cols["ser_manifest"][i] or "", cols["tags"][i] or None, cols["deleted"][i],
+        text.encode("utf-8") if text is not None else cols["value_bytes"][i],
+    )  # fmt: skip
+    return row, None
 
 
 def _journal_row(cols: dict[str, list[Any]], i: int) -> tuple[tuple[Any, ...], None]:

@@ -28,6 +28,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from journal.connection import schema_errors
 from journal.errors import InvalidArgument
 from journal.filter import EventFilter, check_filter
+from journal.query.source import EVENTS, STATE_CHANGES
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
@@ -47,6 +48,7 @@ from projections.spark.leases import (
 )
 from projections.spark.options import (
     DEFAULT_PARTITIONS,
+    DURABLE_STATE,
     backtracking_window,
     filter_options,
     parse_options,
@@ -55,8 +57,8 @@ from projections.spark.session import is_connect_session, is_spark_session, regi
 from projections.spark.sink import PartitionApplier
 from projections.spark.telemetry import SparkQueryTelemetry
 from projections.spark.writer import writer_source_for
-from projections.sync.offset_dao import OffsetDao, record_filter
-from projections.sync.runner import SyncGroupedHandler
+from projections.sync.offset_dao import OffsetDao, record_filter, record_reads
+from projections.sync.runner import SyncGroupedChangeHandler, SyncGroupedHandler
 from projections.tables import projection_tables
 from projections.telemetry import NO_TELEMETRY, Telemetry, telemetry_for_runner
 
@@ -101,6 +103,7 @@ def _source_options(
         "schema": settings.schema,
         "journalTable": settings.journal_table,
         "snapshotTable": settings.snapshot_table,
+        "durableStateTable": settings.durable_state_table,
         "entityType": entity_type,
         "minSlice": str(slice_range.min_slice),
         "maxSlice": str(slice_range.max_slice),
@@ -123,7 +126,7 @@ def _applier(
     offset_name: str,
     entity_type: str,
     ranges: Sequence[SliceRange],
-    handler: SyncGroupedHandler,
+    handler: SyncGroupedHandler | SyncGroupedChangeHandler,
     projection_settings: ProjectionSettings | None,
     serializers: Callable[[], SerializerRegistry] | None,
     **extra: Any,
@@ -223,8 +226,86 @@ def project(
     slices of the range after `lease_wait`; the leases are released when the
     query ends.
     """
+    return _project(
+        spark, dsn=dsn, name=name, entity_type=entity_type, handler=handler,
+        checkpoint_location=checkpoint_location, trigger=trigger, settings=settings,
+        projection_settings=projection_settings, slice_range=slice_range,
+        num_partitions=num_partitions, max_events_per_trigger=max_events_per_trigger,
+        lease_ttl=lease_ttl, lease_wait=lease_wait, serializers=serializers,
+        query_name=query_name, telemetry=telemetry, filter=filter, changes=False,
+    )  # fmt: skip
+
+
+def project_changes(
+    spark: SparkSession,
+    *,
+    dsn: str,
+    name: str,
+    entity_type: str,
+    handler: SyncGroupedChangeHandler,
+    checkpoint_location: str,
+    trigger: Mapping[str, Any] | None = None,
+    settings: JournalSettings | None = None,
+    projection_settings: ProjectionSettings | None = None,
+    slice_range: SliceRange = SliceRange.FULL,
+    num_partitions: int = DEFAULT_PARTITIONS,
+    max_events_per_trigger: int | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    lease_wait: timedelta = DEFAULT_LEASE_WAIT,
+    serializers: Callable[[], SerializerRegistry] | None = None,
+    query_name: str | None = None,
+    telemetry: Telemetry | None = None,
+) -> StreamingQuery:
+    """Run projection `name` over the durable state on Spark, exactly once: the
+    counterpart of `Projection.grouped_changes`, as `project` is of `Projection.grouped`.
+
+    `handler(conn, changes)` gets the `DurableStateChange`s of a partition and
+    micro-batch, in persistence-id order, in the transaction that stores their offsets
+    (fenced by the partition's lease). Each change is the latest revision of an id the
+    stream read (`DurableStateStore.changes_by_slices`'s rule): a revision at or
+    below the one handled is a duplicate and dropped, a higher one is applied, gaps are
+    normal; a deletion comes with `deleted=True`. The stream's batches follow the
+    durable state's visibility horizon, so an upsert is never missed however long
+    its transaction. Every other argument as for `project` (no `filter`: it selects
+    events); the offsets are those of the in-process `*_changes` projections, so
+    the projection can move between them and Spark.
+    """
+    return _project(
+        spark, dsn=dsn, name=name, entity_type=entity_type, handler=handler,
+        checkpoint_location=checkpoint_location, trigger=trigger, settings=settings,
+        projection_settings=projection_settings, slice_range=slice_range,
+        num_partitions=num_partitions, max_events_per_trigger=max_events_per_trigger,
+        lease_ttl=lease_ttl, lease_wait=lease_wait, serializers=serializers,
+        query_name=query_name, telemetry=telemetry, filter=None, changes=True,
+    )  # fmt: skip
+
+
+def _project(
+    spark: SparkSession,
+    *,
+    dsn: str,
+    name: str,
+    entity_type: str,
+    handler: SyncGroupedHandler | SyncGroupedChangeHandler,
+    checkpoint_location: str,
+    trigger: Mapping[str, Any] | None = None,
+    settings: JournalSettings | None = None,
+    projection_settings: ProjectionSettings | None = None,
+    slice_range: SliceRange = SliceRange.FULL,
+    num_partitions: int = DEFAULT_PARTITIONS,
+    max_events_per_trigger: int | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    lease_wait: timedelta = DEFAULT_LEASE_WAIT,
+    serializers: Callable[[], SerializerRegistry] | None = None,
+    query_name: str | None = None,
+    telemetry: Telemetry | None = None,
+    filter: EventFilter | None,
+    changes: bool,
+) -> StreamingQuery:
+    """`project` (`changes` false) or `project_changes`."""
     _check_common(name, entity_type, slice_range, handler, num_partitions, spark)
     event_filter = check_filter(filter)
+    source = STATE_CHANGES if changes else EVENTS
     trigger = _check_trigger(trigger)
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise InvalidArgument("checkpoint_location must be a non-empty path")
@@ -232,7 +313,7 @@ def project(
     ranges = slice_range.split(num_partitions)
     applier = _applier(
         dsn, settings, name, entity_type, ranges, handler, projection_settings, serializers,
-        event_filter=event_filter,
+        event_filter=event_filter, changes=changes,
     )  # fmt: skip
     chosen = applier.projection_settings
     names = chosen.tables
@@ -243,6 +324,7 @@ def project(
         dsn, settings, entity_type, slice_range, num_partitions, event_filter,
         maxEventsPerTrigger=max_events_per_trigger,
         startingTimestamp=None if start is None else start.isoformat(),
+        read=DURABLE_STATE if changes else None,
     )  # fmt: skip
     register(spark)
     # A Connect session's checkpoints live on its server: the id is known only after start.
@@ -257,6 +339,7 @@ def project(
     try:
         with open_connection(dsn, settings) as conn, schema_errors(leases.tables):
             record_filter(conn, ManagementSql(leases.tables), name, event_filter)
+            record_reads(conn, ManagementSql(leases.tables), name, source)
         stream = spark.readStream.format("slicejournal").options(**options).load()
         writer = (
             stream.writeStream.format(_writer_format(spark, applier))
@@ -281,7 +364,7 @@ def project(
             slice_range=slice_range, ranges=tuple(ranges),
             backlog_interval=chosen.backlog_sample_interval.total_seconds(),
             holder=owner, epochs=tuple(f.epoch for f in applier.fences), released=leases.join,
-            tables=names, event_filter=event_filter,
+            tables=names, event_filter=event_filter, source=source,
         ).watch(query)  # fmt: skip
     _log.info("projection %s runs on spark from %s", name, start or "the start")
     return query

@@ -16,7 +16,9 @@ twice; rows that became visible only at the replay are new and applied.
 
 A rebuild runs the same sink with a transaction per Arrow batch (its target
 is a staging copy, swapped in atomically at the end), with `search_path`
-pointing at the staging schema.
+pointing at the staging schema. A projection over the durable state
+(`project_changes`) runs it over the source's state rows, with the core
+validating revisions as the in-process runners' `*_changes` projections do.
 """
 
 from __future__ import annotations
@@ -35,24 +37,24 @@ from psycopg import Connection, sql
 from pyspark.sql.datasource import WriterCommitMessage
 
 from journal.filter import EventFilter
-from journal.model import EventEnvelope
+from journal.query.source import EVENTS, STATE_CHANGES
 from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
 from journal.tables import Tables
-from projections.core import Action, Commit, Handle, Mode, ProjectionCore, SaveOffsets
+from projections.core import Action, Commit, Handle, Mode, ProjectionCore, SaveOffsets, wanted
 from projections.errors import ProjectionError
 from projections.fencing import Fence, offset_error
 from projections.recovery import check_decoded
 from projections.settings import ProjectionSettings
-from projections.spark.arrow import envelopes
+from projections.spark.arrow import changes, envelopes
 from projections.sync.core_io import CoreReads, drive
 from projections.sync.offset_dao import OffsetDao
 from projections.tables import ProjectionTables
 
 if TYPE_CHECKING:
-    from projections.sync.runner import SyncGroupedHandler
+    from projections.sync.runner import SyncGroupedChangeHandler, SyncGroupedHandler
 
 _log = logging.getLogger("slicejournal.projections.spark")
 
@@ -70,7 +72,10 @@ class PartitionApplier:
     partition range; `search_path` (a rebuild's staging schema) is put in
     front of the session's for the handler; `event_filter` is the projection's
     (the source reads the events it leaves out as keys, `filteredEnvelopes`): their
-    offsets are stored, the handler never sees them, gap fills apply it too.
+    offsets are stored, the handler never sees them, gap fills apply it too;
+    `changes`: the partitions hold durable state rows (`read=durableState`), handed
+    to the handler as `DurableStateChange`s (a flag, not the `RowSource`: the sources
+    are compared by identity, which pickling to the executors would not keep).
     """
 
     dsn: str
@@ -78,13 +83,14 @@ class PartitionApplier:
     offset_name: str
     entity_type: str
     ranges: tuple[SliceRange, ...]
-    handler: SyncGroupedHandler
+    handler: SyncGroupedHandler | SyncGroupedChangeHandler
     projection_settings: ProjectionSettings
     fences: tuple[Fence, ...] = ()
     registry: Callable[[], SerializerRegistry] = _default_registry
     search_path: str | None = None
     transaction_per_batch: bool = False
     event_filter: EventFilter | None = None
+    changes: bool = False
 
     def range_of(self, batch: pa.RecordBatch) -> SliceRange:
         """The partition range every row of `batch` belongs to (one Spark partition is one
@@ -142,6 +148,8 @@ class _PartitionRun:
         self.registry = applier.registry()
         self.dao = OffsetDao(self.tables, applier.offset_name)
         self.where = f"{applier.offset_name} {self.key} (spark)"
+        self.source = STATE_CHANGES if applier.changes else EVENTS
+        self.decode = changes if applier.changes else envelopes
         self.core = ProjectionCore(
             Mode.GROUPED,
             applier.projection_settings,
@@ -149,6 +157,7 @@ class _PartitionRun:
             where=self.where,
             log=_log,
             fields={"projection": applier.offset_name, "range": self.key, "runner": "spark"},
+            source=self.source,
         )
 
     def start(self, conn: Connection[Any]) -> None:
@@ -156,7 +165,7 @@ class _PartitionRun:
         # The core's reads run on this partition's connection, inside its transaction.
         self.reads = CoreReads(
             self.tables.journal_tables, self.registry, conn=conn, offsets=self.dao.sql,
-            event_filter=self.applier.event_filter,
+            event_filter=self.applier.event_filter, source=self.source,
         )  # fmt: skip
 
     def apply(self, conn: Connection[Any], batches: list[pa.RecordBatch]) -> None:
@@ -165,7 +174,7 @@ class _PartitionRun:
             if self.applier.range_of(batch) != self.range:
                 raise ProjectionError(f"projection {self.where}: rows of another partition")
         envs = sorted(
-            (e for b in batches for e in envelopes(b, self.registry)),
+            (e for b in batches for e in self.decode(b, self.registry)),
             key=lambda e: (e.persistence_id, e.seq_nr),
         )
         newest: datetime | None = max((e.db_timestamp for e in envs), default=None)
@@ -211,11 +220,10 @@ class _PartitionRun:
         def commit(action: Commit) -> bool:
             if action.envelopes:
                 check_decoded(action.envelopes)  # Spark has no skip: the task fails loudly
-                wanted = [
-                    e for e in action.envelopes if isinstance(e, EventEnvelope) and not e.filtered
-                ]
-                if wanted:  # a filtered-out event: its offset only
-                    self.applier.handler(conn, wanted)
+                handed = wanted(action.envelopes)
+                if handed:  # a filtered-out event: its offset only
+                    # `changes` decides both what was decoded and the handler's type.
+                    self.applier.handler(conn, handed)  # type: ignore[arg-type]
             self.dao.save(conn, self.key, action.records, self.fence)
             return False
 

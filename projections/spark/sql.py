@@ -203,6 +203,12 @@ def _from_snapshots(
     )
 
 
+def _table(options: SourceOptions) -> sql.Identifier | sql.Composed:
+    """The table the options read: the journal, or the durable state store's."""
+    tables = Tables(options.settings)
+    return tables.durable_state if options.read == DURABLE_STATE else tables.journal
+
+
 def stream_bounds(
     options: SourceOptions, start: datetime, bound: datetime, limit: int | None
 ) -> tuple[sql.Composed, dict[str, Any]]:
@@ -218,7 +224,7 @@ def stream_bounds(
     if options.to_timestamp is not None:
         behind.append(sql.SQL("db_timestamp <= %(to_ts)s"))
         params["to_ts"] = options.to_timestamp
-    journal = Tables(options.settings).journal
+    journal = _table(options)
     where = sql.SQL(" AND ").join(behind)
     nth: sql.Composable = sql.SQL("NULL::timestamptz")
     if limit is not None:
@@ -239,5 +245,5 @@ def window_count(
     params |= {"lo": below - window, "hi": below}
     statement = sql.SQL(
         "SELECT count(*) FROM {j} WHERE {r} AND db_timestamp >= %(lo)s AND db_timestamp < %(hi)s"
-    ).format(j=Tables(options.settings).journal, r=SLICE_RANGE)
+    ).format(j=_table(options), r=SLICE_RANGE)
     return statement, params

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from journal.filter import EventFilter
+from journal.query.source import EVENTS, RowSource
 from journal.settings import JournalSettings
 from journal.slices import SliceRange
 from journal.sync.pool import open_connection
@@ -71,13 +72,15 @@ class SparkQueryTelemetry:
         released: Callable[[float], None] | None = None,
         tables: ProjectionTableNames | None = None,
         event_filter: EventFilter | None = None,
+        source: RowSource[Any] = EVENTS,
     ) -> None:
         """`holder`: the lease owner (`spark:<query id>`), reported with the `epochs` of
         the `ranges`' leases as claimed when watching starts and released when it ends.
         `released(timeout)` waits until the leases are given back, so the report never
         runs ahead of the lease table (`status` read after it shows the ranges free).
         `tables`: the names of the projections' tables, if not the defaults;
-        `event_filter`: the projection's (the backlog counts what it lets through)."""
+        `event_filter`: the projection's (the backlog counts what it lets through);
+        `source`: what it reads (`STATE_CHANGES`: the backlog counts durable state)."""
         self.name = name
         self._telemetry = telemetry
         self._holder = holder
@@ -91,6 +94,7 @@ class SparkQueryTelemetry:
         self._statements = ManagementSql(projection_tables(Tables(settings), tables))
         self._backlog_interval = backlog_interval
         self._filter = event_filter
+        self._source = source
         self._thread: threading.Thread | None = None
 
     def watch(self, query: Any) -> None:
@@ -156,7 +160,7 @@ class SparkQueryTelemetry:
                     if tel.samples_backlog:
                         backlog = read_backlog(
                             conn, self._statements, self.name, self.entity_type, r,
-                            event_filter=self._filter,
+                            event_filter=self._filter, source=self._source,
                         )  # fmt: skip
                         tel.backlog_sampled(backlog)
         except Exception as e:  # a missed sample; the next one may succeed

@@ -145,7 +145,8 @@ async def test_a_batch_read_of_durable_state_reads_each_ids_latest_revision(
     spark: Any, journal: Journal, pg_dsn: str
 ) -> None:
     """`read=durableState`: one row per id of the entity type, its latest revision and
-    state, deleted ones flagged; events, filters and streams do not apply to it."""
+    state, deleted ones flagged; event filters do not apply to it (its stream:
+    test_spark_durable_state.py)."""
     store = DurableStateStore(journal)
     latest: dict[str, tuple[int, Any, bool]] = {}
     for i in range(25):
@@ -176,13 +177,6 @@ async def test_a_batch_read_of_durable_state_reads_each_ids_latest_revision(
         _reader(spark, pg_dsn, schema, entityType=ENTITY, read="durableState", tags="a")
     with pytest.raises(Exception, match="option 'read' must be one of"):
         _reader(spark, pg_dsn, schema, entityType=ENTITY, read="states")
-    assert_stream_refuses(
-        spark,
-        pg_dsn,
-        schema,
-        {"read": "durableState"},
-        "read=durableState applies to batch reads only",
-    )
 
 
 @pytest.mark.timeout(300)

@@ -87,3 +87,32 @@ def totals_handler() -> Any:
     """Folds bank events, or an id's snapshot (`{"balance": n}`) then its later events,
     into `totals (pid, balance, seq_nr)`, named unqualified (what a rebuild needs)."""
     return functools.partial(_totals)
+
+
+def _apply_changes(schema: str, conn: Connection[Any], changes: list[Any]) -> None:
+    # `changes`: DurableStateChanges, each the latest revision the stream read of an id.
+    for change in changes:
+        if not change.deleted and change.value["rev"] != change.revision:
+            raise AssertionError(f"{change!r}: its value names another revision")
+    cur = conn.cursor()
+    # A revision applied twice fails on the primary key (and so the batch).
+    cur.executemany(
+        sql.SQL("INSERT INTO {} (pid, revision) VALUES (%s, %s)").format(
+            sql.Identifier(schema, "state_applied")
+        ),
+        [(c.persistence_id, c.revision) for c in changes],
+    )
+    cur.executemany(
+        sql.SQL(
+            "INSERT INTO {} (pid, revision, deleted) VALUES (%s, %s, %s) ON CONFLICT (pid) "
+            "DO UPDATE SET revision = EXCLUDED.revision, deleted = EXCLUDED.deleted"
+        ).format(sql.Identifier(schema, "state_model")),
+        [(c.persistence_id, c.revision, c.deleted) for c in changes],
+    )
+
+
+def state_handler(schema: str) -> Any:
+    """Applies durable state changes to `schema`.state_model (pid, revision, deleted) and
+    records each in `schema`.state_applied (n bigserial, pid, revision; unique (pid,
+    revision)), in the order applied."""
+    return functools.partial(_apply_changes, schema)
