@@ -20,6 +20,7 @@ selects and their decoding, and the validation of a write. No database import.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -104,7 +105,8 @@ class DurableStateChange(_Unordered, _ChangeFields):
     not read; `DurableStateStore.get` reads the latest) and `UNDECODABLE` with
     `error` when the payload could not be decoded. `offset` resumes a query right
     after it; `source` is "query", "backtracking" or "heartbeat" (an idle
-    progress marker with no id). `seq_nr` is the revision, for consumers that
+    progress marker with no id), or "write" for the change a store's
+    `change_handler` gets (no offset). `seq_nr` is the revision, for consumers that
     track one number per id (the projections' offset store).
 
     An immutable value with named fields, tuple-backed like `EventEnvelope` (the
@@ -178,6 +180,45 @@ def rows_to_changes(
 
 
 _new = tuple.__new__
+
+
+def check_change_handler(handler: object, *, asynchronous: bool) -> None:
+    """Refuse a store's `change_handler` that is not callable, or of the other flavour
+    (`DurableStateStore` awaits it, `SyncDurableStateStore` calls it), when the store is
+    built rather than at the first write."""
+    if handler is None:
+        return
+    if not callable(handler):
+        raise InvalidArgument(f"change_handler must be callable, got {handler!r}")
+    target = getattr(handler, "func", handler)  # a functools.partial's function
+    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - an instance's async __call__
+    )
+    if asynchronous and not is_async and getattr(target, "__name__", "") != "<lambda>":
+        raise InvalidArgument(
+            f"change_handler {handler!r} is not an async function, but DurableStateStore "
+            "awaits it: make it `async def`, or use SyncDurableStateStore (SyncJournal)"
+        )
+    if not asynchronous and is_async:
+        raise InvalidArgument(
+            f"change_handler {handler!r} is an async function, but SyncDurableStateStore "
+            "calls it without an event loop: make it a plain `def`, or use "
+            "DurableStateStore (Journal)"
+        )
+
+
+def written_change(
+    params: dict[str, Any], value: Any, db_timestamp: datetime
+) -> DurableStateChange:
+    """The change a write of `state_params` made, as the store's change handler gets it
+    (`source` "write", no offset: it is not a query's)."""
+    deleted = params["ser_id"] == DELETED_SER_ID and not params["payload"]
+    return _new(
+        DurableStateChange,
+        (params["pid"], params["entity_type"], params["slice"], params["revision"],
+         db_timestamp, None if deleted else value, params["ser_id"], params["manifest"],
+         tuple(params["tags"] or ()), None, "write", None, deleted),
+    )  # fmt: skip
 
 
 def row_to_state(registry: SerializerRegistry, pid: str, row: Sequence[Any]) -> DurableState:

@@ -40,7 +40,7 @@ class DurableStateSql:
                 "state_ser_id, state_ser_manifest, state_payload, tags) "
                 "VALUES (%(slice)s, %(entity_type)s, %(pid)s, %(revision)s, "
                 "transaction_timestamp(), %(ser_id)s, %(manifest)s, %(payload)s, "
-                "%(tags)s::text[]) ON CONFLICT (persistence_id) DO NOTHING"
+                "%(tags)s::text[]) ON CONFLICT (persistence_id) DO NOTHING RETURNING db_timestamp"
             ).format(t=t),
             update=sql.SQL(
                 "UPDATE {t} SET revision = %(revision)s, "
@@ -48,7 +48,7 @@ class DurableStateSql:
                 "db_timestamp + interval '1 microsecond'), "
                 "state_ser_id = %(ser_id)s, state_ser_manifest = %(manifest)s, "
                 "state_payload = %(payload)s, tags = %(tags)s::text[] "
-                "WHERE persistence_id = %(pid)s AND revision = %(previous)s"
+                "WHERE persistence_id = %(pid)s AND revision = %(previous)s RETURNING db_timestamp"
             ).format(t=t),
             select=sql.SQL(
                 "SELECT revision, db_timestamp, state_ser_id, state_ser_manifest, "

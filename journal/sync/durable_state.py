@@ -7,11 +7,16 @@ journal's pools, serializers, settings and notifications. Writes are Pekko's
 optimistic upserts (`journal/query/state_sql.py`); the changes query is the
 journal's slice query over the durable state table (`STATE_CHANGES`), with
 the same horizon, backtracking and heartbeats as events.
+
+As Akka's store, a write can carry more in its own transaction: a *change event*
+appended to the id's events in the journal (so `events_by_slices` consumers see
+every change), and the store's *change handler*, which updates another table
+with the write (a read model that can never lag the state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from psycopg import Connection
@@ -20,8 +25,10 @@ from journal.connection import translate_errors
 from journal.durable_state import (
     DurableState,
     DurableStateChange,
+    check_change_handler,
     row_to_state,
     state_params,
+    written_change,
 )
 from journal.errors import ConcurrencyError
 from journal.model import TimestampOffset
@@ -30,16 +37,30 @@ from journal.query.source import STATE_CHANGES
 from journal.query.state_sql import DurableStateSql
 from journal.settings import QuerySettings
 from journal.slices import validate_persistence_id
+from journal.sync.flavour import ASYNC
 from journal.sync.journal import SyncJournal
 from journal.sync.slice_reader import SliceReader
+from journal.writer import opens_caller_transaction
 
 
 class SyncDurableStateStore:
     """Pekko's durable state store on the journal's database: one row per id, its latest
     revision; `upsert` and `delete` take the *new* revision (previous + 1)."""
 
-    def __init__(self, journal: SyncJournal) -> None:
+    def __init__(
+        self,
+        journal: SyncJournal,
+        *,
+        change_handler: Callable[[Connection[Any], DurableStateChange], None] | None = None,
+    ) -> None:
+        """`change_handler(conn, change)` (optional) runs in the transaction of every
+        `upsert` and `delete` of this store, after the row is written, with the change
+        it made (`source` "write"; a deletion with `deleted`): what it writes with
+        `conn` commits with the state or not at all, and an exception from it undoes
+        the write and reaches the caller. Akka's `SyncChangeHandler`."""
+        check_change_handler(change_handler, asynchronous=ASYNC)
         self.journal = journal
+        self._change_handler = change_handler
         self._sql = DurableStateSql.of(journal.tables)
         self._slices = SliceReader(
             journal.read_pool,
@@ -60,15 +81,21 @@ class SyncDurableStateStore:
         revision: int,
         tags: Sequence[str] = (),
         conn: Connection[Any] | None = None,
+        change_event: Any = None,
     ) -> None:
         """Store `state` as the id's revision `revision`, which must be the stored
         revision + 1 (1 for a new id); otherwise `ConcurrencyError`, nothing written.
 
         With `conn`, the row is written inside that connection's transaction and
         becomes visible (to `get` and the changes query) when the caller commits.
+        `change_event` (optional): an event appended to the id's events in the journal
+        in the same transaction, with `tags` and the id's next seq_nr (the revision,
+        as in Akka, when every write of the id carries one): `events_by_slices` then
+        sees every change. If the id's events moved meanwhile, `ConcurrencyError` and
+        nothing is written.
         """
         params = state_params(self.journal.serializers, persistence_id, revision, state, tags)
-        self._write(params, conn)
+        self._write(params, conn, state, change_event)
 
     @translate_errors
     def delete(
@@ -77,41 +104,73 @@ class SyncDurableStateStore:
         *,
         revision: int,
         conn: Connection[Any] | None = None,
+        change_event: Any = None,
     ) -> None:
         """Delete the id's state as its revision `revision` (stored revision + 1), keeping
         a row with no payload: the revision is never reused, and the changes query
-        delivers the deletion (`DurableStateChange.deleted`). `ConcurrencyError` as for
-        `upsert`."""
+        delivers the deletion (`DurableStateChange.deleted`). `ConcurrencyError` and
+        `change_event` as for `upsert`."""
         params = state_params(
             self.journal.serializers, persistence_id, revision, None, (), delete=True
         )
-        self._write(params, conn)
+        self._write(params, conn, None, change_event)
 
-    def _write(self, params: dict[str, Any], conn: Connection[Any] | None) -> None:
-        statement = self._sql.insert if params["revision"] == 1 else self._sql.update
-        row: Any = None
+    def _write(
+        self,
+        params: dict[str, Any],
+        conn: Connection[Any] | None,
+        value: Any,
+        change_event: Any,
+    ) -> None:
+        # A bare write is one statement; with a change event or handler, the write and
+        # what comes with it share a transaction (a savepoint in the caller's).
+        more = change_event is not None or self._change_handler is not None
         if conn is not None:
-            cur = conn.execute(statement, params)
-            written = cur.rowcount
-            if written != 1:
-                cur = conn.execute(self._sql.revision_of, (params["pid"],))
-                row = cur.fetchone()
+            if more:
+                if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
+                    # Begin the caller's transaction first: `conn.transaction()` would
+                    # otherwise be the outer one and commit before the caller does.
+                    conn.execute("SELECT 1")
+                with conn.transaction():
+                    self._write_on(conn, params, value, change_event)
+            else:
+                self._write_on(conn, params, value, change_event)
         else:
             with self.journal.pool.connection() as own:
-                cur = own.execute(statement, params)
-                written = cur.rowcount
-                if written != 1:
-                    cur = own.execute(self._sql.revision_of, (params["pid"],))
-                    row = cur.fetchone()
-        if written != 1:
+                if more:
+                    with own.transaction():
+                        self._write_on(own, params, value, change_event)
+                else:
+                    self._write_on(own, params, value, change_event)
+        notifier = self.journal._notifier
+        if notifier is not None:
+            notifier.changed(params["entity_type"], params["slice"])
+
+    def _write_on(
+        self, conn: Connection[Any], params: dict[str, Any], value: Any, change_event: Any
+    ) -> None:
+        statement = self._sql.insert if params["revision"] == 1 else self._sql.update
+        cur = conn.execute(statement, params)
+        written = cur.fetchone() if cur.rowcount == 1 else None
+        if written is None:
+            cur = conn.execute(self._sql.revision_of, (params["pid"],))
+            row = cur.fetchone()
             actual = 0 if row is None else int(row[0])
             store = "durable state store"
             raise ConcurrencyError(
                 params["pid"], params["previous"], actual, what="revision", store=store
             )
-        notifier = self.journal._notifier
-        if notifier is not None:
-            notifier.changed(params["entity_type"], params["slice"])
+        if change_event is not None:
+            # The row written above holds the id: no other write of its state can add a
+            # change event before this transaction ends.
+            pid = params["pid"]
+            highest = self.journal._writer.highest_seq_nr(pid, conn)
+            self.journal.append(
+                pid, [change_event], expected_seq_nr=highest, tags=params["tags"] or (),
+                conn=conn,
+            )  # fmt: skip
+        if self._change_handler is not None:
+            self._change_handler(conn, written_change(params, value, written[0]))
 
     # -- reads --------------------------------------------------------------
 
