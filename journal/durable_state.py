@@ -105,8 +105,9 @@ class DurableStateChange(_Unordered, _ChangeFields):
     not read; `DurableStateStore.get` reads the latest) and `UNDECODABLE` with
     `error` when the payload could not be decoded. `offset` resumes a query right
     after it; `source` is "query", "backtracking" or "heartbeat" (an idle
-    progress marker with no id), or "write" for the change a store's
-    `change_handler` gets (no offset). `seq_nr` is the revision, for consumers that
+    progress marker with no id), "write" for the change a store's
+    `change_handler` gets, or "replay" for a dead letter replayed (neither has an
+    offset). `seq_nr` is the revision, for consumers that
     track one number per id (the projections' offset store).
 
     An immutable value with named fields, tuple-backed like `EventEnvelope` (the
@@ -218,6 +219,17 @@ def written_change(
         (params["pid"], params["entity_type"], params["slice"], params["revision"],
          db_timestamp, None if deleted else value, params["ser_id"], params["manifest"],
          tuple(params["tags"] or ()), None, "write", None, deleted),
+    )  # fmt: skip
+
+
+def state_change(state: DurableState, source: str) -> DurableStateChange:
+    """An id's stored state as a change (a dead letter's replay hands it to the handler
+    again): no offset, no serializer (the value is decoded already)."""
+    pid = state.persistence_id
+    return _new(
+        DurableStateChange,
+        (pid, entity_type_of(pid), slice_for(pid), state.revision, state.db_timestamp,
+         state.value, None, "", state.tags, None, source, None, state.deleted),
     )  # fmt: skip
 
 

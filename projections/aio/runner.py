@@ -270,7 +270,7 @@ class Projection:
         self._commits: Notifier | None = None
         self._replayer = DeadLetterReplayer(
             journal, self.tables, self.name, self.slice_range, mode, handler,
-            enabled=source.consecutive,
+            states=self._states,
         )  # fmt: skip
 
     # -- construction --------------------------------------------------------------

@@ -227,8 +227,11 @@ class SyncProjectionManagement:
         `management_poll_interval`, re-reads the event from the journal and runs the
         handler once — for exactly-once and grouped projections in the transaction
         that marks the letter replayed. A replay that fails keeps the letter parked
-        with the new error (`dead_letters` shows it). Spark-run projections do not
-        replay: their letters stay pending. Returns the letters asked for."""
+        with the new error (`dead_letters` shows it). A projection over durable state
+        replays the id's state if it still holds the letter's revision; a letter whose
+        id moved on is superseded (marked replayed, no handler call). Spark-run
+        projections do not replay: their letters stay pending. Returns the letters
+        asked for."""
         validate_name(name)
         wanted = check_letters(letters)
         params = {

@@ -12,8 +12,11 @@ the other finds it done; a fenced instance proves its lease in the same
 transaction. At-least-once handlers run outside it and the mark follows. A
 replay that fails rolls back and leaves the letter parked with the new error.
 
-Projections over durable state do not replay (`enabled=False`): a letter
-names a revision the store no longer holds once the id moved on.
+A projection over durable state replays a letter (an id and revision) from the
+store: if the id still holds that revision, its state goes to the handler again
+as a change (`source` "replay"); if the id moved on, the letter is superseded —
+the newer revision stands for it, handled or on its way — and marked replayed
+without a call. The store keeps no older revision to replay.
 
 The replay does not touch the offset store: the letter's event was skipped,
 and its offset stored then, so the projection's position does not move. The
@@ -27,8 +30,10 @@ from collections.abc import Callable
 
 import psycopg
 
+from journal.durable_state import DurableStateChange, state_change
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
+from journal.sync.durable_state import SyncDurableStateStore
 from journal.sync.journal import SyncJournal
 from projections.core import Mode
 from projections.fencing import Fence
@@ -51,8 +56,10 @@ class DeadLetterReplayer:
         mode: Mode,
         handler: Callable[..., None],
         *,
-        enabled: bool = True,
+        states: SyncDurableStateStore | None = None,
     ) -> None:
+        """`states`: the store a projection over durable state reads (letters name
+        revisions of its ids); None for one over events."""
         self._journal = journal
         self._tables = tables
         self._name = name
@@ -60,7 +67,8 @@ class DeadLetterReplayer:
         self._mode = mode
         self._handler = handler
         self._sql = ManagementSql(tables)
-        self._enabled = enabled
+        self._states = states
+        self._enabled = True
 
     def run_pending(self, fence: Fence | None, on_error: Callable[[Exception], None]) -> int:
         """Replay every requested letter of the range; the number replayed.
@@ -85,10 +93,11 @@ class DeadLetterReplayer:
             return 0
         replayed = 0
         for pid, seq_nr in pending:
-            envelope = self._journal.load_envelope(pid, seq_nr)
             try:
+                envelope = self._load(pid, seq_nr)
                 if envelope is None:
-                    raise LookupError("the event is no longer in the journal (deleted)")
+                    replayed += self._superseded(pid, seq_nr)
+                    continue
                 check_decoded([envelope])
                 replayed += self._replay(envelope, fence)
             except Exception as error:
@@ -96,7 +105,32 @@ class DeadLetterReplayer:
                 self._failed(pid, seq_nr, error)
         return replayed
 
-    def _replay(self, env: EventEnvelope, fence: Fence | None) -> int:
+    def _load(self, pid: str, seq_nr: int) -> EventEnvelope | DurableStateChange | None:
+        """The letter's event, or its id's state as a change (None: a newer revision
+        superseded it); `LookupError` if there is nothing to replay."""
+        if self._states is None:
+            envelope = self._journal.load_envelope(pid, seq_nr)
+            if envelope is None:
+                raise LookupError("the event is no longer in the journal (deleted)")
+            return envelope
+        state = self._states.get(pid)
+        if state is None:
+            raise LookupError("the id is no longer in the durable state store")
+        if state.revision > seq_nr:
+            return None
+        if state.revision < seq_nr:  # the store never goes back: a letter from elsewhere
+            raise LookupError(f"the id holds revision {state.revision}, not {seq_nr}")
+        return state_change(state, "replay")
+
+    def _superseded(self, pid: str, revision: int) -> int:
+        """A durable state letter whose id moved on: marked replayed, no handler call."""
+        with self._journal.pool.connection() as conn, conn.transaction():
+            cur = conn.execute(self._sql.mark_replayed, (self._name, pid, revision))
+        _log.info("projection %s: dead letter %s revision %d superseded by a newer revision; "
+                  "marked replayed", self._name, pid, revision)  # fmt: skip
+        return int(cur.rowcount)
+
+    def _replay(self, env: EventEnvelope | DurableStateChange, fence: Fence | None) -> int:
         key = (self._name, env.persistence_id, env.seq_nr)
         if self._mode is Mode.AT_LEAST_ONCE:
             self._handler(env)

@@ -272,7 +272,7 @@ class SyncProjection:
         self._commits: Notifier | None = None
         self._replayer = DeadLetterReplayer(
             journal, self.tables, self.name, self.slice_range, mode, handler,
-            enabled=source.consecutive,
+            states=self._states,
         )  # fmt: skip
 
     # -- construction --------------------------------------------------------------

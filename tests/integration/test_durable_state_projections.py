@@ -28,6 +28,7 @@ from projections import (
     ProjectionGroup,
     ProjectionManagement,
     ProjectionSettings,
+    RecoveryStrategy,
     SyncProjection,
 )
 from projections.aio.offset_dao import read_backlog
@@ -390,3 +391,66 @@ async def test_a_change_projections_backlog_counts_the_durable_states_changes(
         assert status.backlog is not None
         assert (status.backlog.size, status.journal_head) == (3, newest)
         assert (await management.backlog("cart-backlog", ENTITY, ALL)).size == 3
+
+
+@pytest.mark.timeout(120)
+async def test_dead_letters_of_changes_replay_the_ids_revision_or_are_superseded(
+    pg_dsn: str, schema: str
+) -> None:
+    """An exactly-once change that failed under `retry_and_skip` is a dead letter (id,
+    revision). After
+    the fix, a replay hands the id's state to the handler again if the id still holds
+    that revision (`source` "replay"); a letter whose id moved on is superseded by the
+    newer revision: marked replayed, no handler call."""
+    async with Journal.connect(pg_dsn, horizon_settings(schema), create_schema=True) as j:
+        await create_read_model(pg_dsn, schema)
+        store = DurableStateStore(j)
+        applied, model = apply_statements(schema)
+        broken = {f"{ENTITY}|a", f"{ENTITY}|b"}
+        sources: list[tuple[str, int, str]] = []
+
+        async def handler(conn: AsyncConnection[Any], change: DurableStateChange) -> None:
+            if change.persistence_id in broken:
+                raise RuntimeError(f"bug on {change.persistence_id}")
+            check_change(change)
+            sources.append((change.persistence_id, change.revision, change.source))
+            await conn.execute(applied, (change.persistence_id, change.revision))
+            await conn.execute(model, (change.persistence_id, change.revision, change.deleted))
+
+        management = ProjectionManagement(j)
+        group = ProjectionGroup(
+            lambda r: Projection.exactly_once_changes(
+                j, name="carts", entity_type=ENTITY, slice_range=r, handler=handler,
+                settings=FAST, recovery=RecoveryStrategy.retry_and_skip(1, backoff=0.01),
+            ),
+            2,
+        )  # fmt: skip
+        async with group:
+            for pid in (f"{ENTITY}|a", f"{ENTITY}|b", f"{ENTITY}|c"):
+                await store.upsert(pid, {"rev": 1}, revision=1)
+
+            async def letters(count: int) -> bool:
+                return len(await management.dead_letters("carts")) == count
+
+            await eventually(lambda: letters(2), "a@1 and b@1 dead-lettered")
+            await store.upsert(f"{ENTITY}|b", {"rev": 2}, revision=2)
+            await eventually(lambda: letters(3), "b@2 dead-lettered too")
+            broken.clear()  # the fix
+            asked = await management.replay_dead_letters("carts")
+            assert asked == [(f"{ENTITY}|a", 1), (f"{ENTITY}|b", 1), (f"{ENTITY}|b", 2)]
+
+            async def settled() -> bool:
+                found = await management.dead_letters("carts")
+                return all(d.status == "replayed" for d in found)
+
+            await eventually(settled, "every letter replayed or superseded")
+        assert await read_model(pg_dsn, schema) == {
+            f"{ENTITY}|a": (1, False), f"{ENTITY}|b": (2, False), f"{ENTITY}|c": (1, False),
+        }  # fmt: skip
+        # b@1 was superseded by b@2: no handler call for it; a@1 and b@2 replayed.
+        assert sorted(await applied_rows(pg_dsn, schema)) == [
+            (f"{ENTITY}|a", 1), (f"{ENTITY}|b", 2), (f"{ENTITY}|c", 1),
+        ]  # fmt: skip
+        assert sorted(s for s in sources if s[2] == "replay") == [
+            (f"{ENTITY}|a", 1, "replay"), (f"{ENTITY}|b", 2, "replay"),
+        ]  # fmt: skip
