@@ -545,6 +545,11 @@ class ProjectionCore:
             self.stats.heartbeats += 1
             return None if env.offset is None else self.progress(env.offset.timestamp, now)
         self._offered = env
+        decided = self._admit_at_once(env)
+        if decided is not None:  # as `_converse` ends a conversation, without one
+            self._settle(decided, now)
+            self._accepted.extend(decided)
+            return self._next(now)
         self._conversation = self._admit(env)
         return self._converse(None, now)
 
@@ -638,6 +643,23 @@ class ProjectionCore:
     def _admit(self, env: Envelope) -> Admission:
         return admit(self.state, env, self.stats, where=self.where, log=self.log,
                      fields=self.fields, rejected=self._rejected)  # fmt: skip
+
+    def _admit_at_once(self, env: Envelope) -> list[Envelope] | None:
+        """What `admit` returns when its first validation decides alone — a duplicate,
+        or accepted with its payload at hand: most envelopes of a stream — without
+        the generator it would run (a catch-up offers every event). None when `admit`
+        must converse: a gap, a lookup, a payload to load, a rejection."""
+        snapshot = isinstance(env, EventEnvelope) and env.from_snapshot
+        pid, seq_nr, ts = env.persistence_id, env.seq_nr, env.db_timestamp
+        verdict = self.state.validate(pid, seq_nr, env.slice, ts, snapshot=snapshot).verdict
+        if verdict is Verdict.DUPLICATE:
+            self.stats.duplicates += 1
+            return []
+        if verdict is Verdict.ACCEPTED and loaded(env):
+            self.state.accept(pid, seq_nr, ts)
+            self.stats.accepted += 1
+            return [env]
+        return None
 
     def _readmit(self, envelopes: Sequence[Envelope]) -> Admission:
         accepted: list[Envelope] = []

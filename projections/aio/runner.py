@@ -604,7 +604,10 @@ class Projection:
         try:
             async with contextlib.aclosing(stream):
                 async for env in stream:
-                    await queue_put(queue, env)
+                    # Waiting (a coroutine) only when the queue is full: an await per
+                    # envelope is a measurable part of a catch-up.
+                    if not queue_offer(queue, env):
+                        await queue_put(queue, env)
         except Exception as error:  # handed to the consumer, which fails the run with it
             await queue_put(queue, _StreamEnded(error))
             return
@@ -652,7 +655,14 @@ class Projection:
                 timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
                 item = await queue_get(queue, timeout)
             if isinstance(item, EventEnvelope | DurableStateChange):
-                await self._handle(item)
+                if self._tel is NO_INSTANCE_TELEMETRY:
+                    # Inline, and `_drive` only when the core asks for something: most
+                    # envelopes are only collected into the batch (no await per event).
+                    offered = self._core.offer(item, time.monotonic())
+                    if offered is not None:
+                        await self._drive(offered)
+                else:
+                    await self._handle(item)
             elif item is not None and item is not _WAKE:
                 if item.error is not None:
                     error = item.error
@@ -660,7 +670,9 @@ class Projection:
                         f"slice stream of {self.name} {self.key} failed: {error}"
                     ) from error
                 break  # a current (until caught up) stream ended
-            await self._drive(self._core.poll(time.monotonic()))
+            polled = self._core.poll(time.monotonic())
+            if polled is not None:
+                await self._drive(polled)
         await self._flush()
 
     # -- executing the core's actions -----------------------------------------------------------
