@@ -20,13 +20,13 @@ selects and their decoding, and the validation of a write. No database import.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import attrs
 
+from journal.callables import is_async_callable, unwrapped
 from journal.errors import DeserializationError, InvalidArgument
 from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset, _attrs_compatible, _Unordered
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
@@ -191,11 +191,10 @@ def check_change_handler(handler: object, *, asynchronous: bool) -> None:
         return
     if not callable(handler):
         raise InvalidArgument(f"change_handler must be callable, got {handler!r}")
-    target = getattr(handler, "func", handler)  # a functools.partial's function
-    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)  # noqa: B004 - an instance's async __call__
-    )
-    if asynchronous and not is_async and getattr(target, "__name__", "") != "<lambda>":
+    is_async = is_async_callable(handler)
+    # A lambda may return an awaitable (`lambda conn, change: apply(conn, change, x)`).
+    lambda_ = getattr(unwrapped(handler), "__name__", "") == "<lambda>"
+    if asynchronous and not is_async and not lambda_:
         raise InvalidArgument(
             f"change_handler {handler!r} is not an async function, but DurableStateStore "
             "awaits it: make it `async def`, or use SyncDurableStateStore (SyncJournal)"

@@ -6,11 +6,9 @@ names it) are validated the same way wherever an instance is built.
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import attrs
 
+from journal.callables import is_async_callable, unwrapped
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange, validate_entity_type
 
@@ -49,21 +47,9 @@ def check_instance(
     )
 
 
-def _unwrapped(handler: object) -> object:
-    while isinstance(handler, functools.partial):
-        handler = handler.func
-    return handler
-
-
-def is_async_handler(handler: object) -> bool:
-    """Whether calling `handler` makes a coroutine: an `async def` function or method,
-    one wrapped in `functools.partial`, or an object whose `__call__` is `async def`."""
-    target = _unwrapped(handler)
-    if inspect.iscoroutinefunction(target):
-        return True
-    if inspect.isroutine(target) or inspect.isclass(target) or not callable(target):
-        return False
-    return inspect.iscoroutinefunction(type(target).__call__)
+# A handler's flavour, as the journal decides it for its own callables.
+_unwrapped = unwrapped
+is_async_handler = is_async_callable
 
 
 def _describe(handler: object) -> str:

@@ -40,12 +40,21 @@ __all__ = ["bank_journal"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A name our packages deprecated (journal/_lazy.py) fails the test that uses it: our
-    own code and tests use the current spelling. (The tests of the deprecations catch
-    their warnings themselves.)"""
+    """A name or parameter our packages deprecated (journal/_lazy.py, the warnings of the
+    API) fails the test that uses it: our own code and tests use the current spelling.
+    (The tests of the deprecations catch their warnings themselves.)"""
     config.addinivalue_line(
         "filterwarnings", r"error:(journal|projections)\S* is deprecated:DeprecationWarning"
     )
+    # The deprecated parameters and constructors of our own API, likewise.
+    for message in (
+        r"(Sync)?Projection\(\.\.\., mode=\.\.\.\) is deprecated",
+        r"(Sync)?Projection\.run\(fence=\.\.\.\) is deprecated",
+        r"settings= of a slice query is deprecated",
+        r"RebuildResult\.tables is deprecated",
+        r"rebuild\(tables=\.\.\.\) is deprecated",
+    ):
+        config.addinivalue_line("filterwarnings", f"error:{message}:DeprecationWarning")
 
 
 def _docker_answers() -> bool:

@@ -56,7 +56,8 @@ class DurableStateStore:
         `upsert` and `delete` of this store, after the row is written, with the change
         it made (`source` "write"; a deletion with `deleted`): what it writes with
         `conn` commits with the state or not at all, and an exception from it undoes
-        the write and reaches the caller. Akka's `ChangeHandler`."""
+        the write and reaches the caller (a database error as the journal's typed
+        errors, as every error of a write). As Akka's change handler."""
         check_change_handler(change_handler, asynchronous=ASYNC)
         self.journal = journal
         self._change_handler = change_handler
@@ -94,6 +95,7 @@ class DurableStateStore:
         nothing is written.
         """
         params = state_params(self.journal.serializers, persistence_id, revision, state, tags)
+        self._check_event(change_event)
         await self._write(params, conn, state, change_event)
 
     @translate_errors
@@ -112,7 +114,13 @@ class DurableStateStore:
         params = state_params(
             self.journal.serializers, persistence_id, revision, None, (), delete=True
         )
+        self._check_event(change_event)
         await self._write(params, conn, None, change_event)
+
+    def _check_event(self, change_event: Any) -> None:
+        """A change event the serializers cannot write fails before anything is written."""
+        if change_event is not None:
+            self.journal.serializers.serialize(change_event, what="event")
 
     async def _write(
         self,

@@ -173,7 +173,7 @@ class Projection:
         """Deprecated since 0.3.0 (removed in 0.4.0): use the factory of the mode,
         `Projection.exactly_once` / `grouped` / `at_least_once`, which types the handler."""
         warnings.warn(
-            "Projection(..., mode=...) is deprecated: build it with "
+            "Projection(..., mode=...) is deprecated (removed in 0.4.0): build it with "
             "Projection.exactly_once / .grouped / .at_least_once "
             "(the handler's type follows the mode)",
             DeprecationWarning,
@@ -184,14 +184,7 @@ class Projection:
                     query_settings=query_settings, telemetry=telemetry, filter=filter,
                     source=EVENTS)  # fmt: skip
 
-    @classmethod
-    def _create(cls, journal: Journal, **fields: Any) -> Projection:
-        """The factories' constructor (`_setup`'s keywords), without the deprecation."""
-        projection = cls.__new__(cls)
-        projection._setup(journal, **fields)
-        return projection
-
-    def _setup(
+    def _setup(  # the factories' constructor: `cls.__new__`, then this (no warning)
         self,
         journal: Journal,
         *,
@@ -303,11 +296,13 @@ class Projection:
         snapshot's state; the handler builds the read model from it), so a new
         projection over long-lived ids reads the snapshots and the events after them.
         """
-        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, filter=filter,
-                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, filter=filter,
+                          source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return projection
 
     @classmethod
     def grouped(
@@ -328,11 +323,13 @@ class Projection:
         """`handler(conn, envelopes)` per batch, in the transaction that stores the offsets.
 
         Options as for `exactly_once`."""
-        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, filter=filter,
-                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, filter=filter,
+                          source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return projection
 
     @classmethod
     def at_least_once(
@@ -353,11 +350,13 @@ class Projection:
         """`handler(envelope)` outside any offset transaction; offsets saved periodically.
 
         Options as for `exactly_once`."""
-        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, filter=filter,
-                           source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, filter=filter,
+                          source=EVENTS_FROM_SNAPSHOTS if from_snapshots else EVENTS)  # fmt: skip
+        return projection
 
     @classmethod
     def exactly_once_changes(
@@ -380,10 +379,12 @@ class Projection:
         or below the one handled is a duplicate, a higher one is applied, gaps are
         normal. A deletion arrives with `deleted=True`. Options as for
         `exactly_once` (no `filter`: it selects events)."""
-        return cls._create(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.EXACTLY_ONCE, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return projection
 
     @classmethod
     def grouped_changes(
@@ -401,10 +402,12 @@ class Projection:
     ) -> Projection:
         """Over the durable state: `handler(conn, changes)` per batch, in the transaction
         that stores their offsets. Revisions as for `exactly_once_changes`."""
-        return cls._create(journal, mode=Mode.GROUPED, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.GROUPED, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return projection
 
     @classmethod
     def at_least_once_changes(
@@ -422,10 +425,12 @@ class Projection:
     ) -> Projection:
         """Over the durable state: `handler(change)` outside any offset transaction,
         offsets saved periodically. Revisions as for `exactly_once_changes`."""
-        return cls._create(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
-                           entity_type=entity_type, slice_range=slice_range,
-                           settings=settings, recovery=recovery, query_settings=query_settings,
-                           telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        projection = cls.__new__(cls)
+        projection._setup(journal, mode=Mode.AT_LEAST_ONCE, handler=handler, name=name,
+                          entity_type=entity_type, slice_range=slice_range,
+                          settings=settings, recovery=recovery, query_settings=query_settings,
+                          telemetry=telemetry, source=STATE_CHANGES)  # fmt: skip
+        return projection
 
     # -- lifecycle -------------------------------------------------------------------
 

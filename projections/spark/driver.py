@@ -1,4 +1,5 @@
-"""Run a projection on Spark: `project` (streaming, exactly once) and `rebuild` (batch).
+"""Run a projection on Spark: `project` (streaming, exactly once), `project_changes`
+(the same over the durable state) and `rebuild` (batch).
 
 Both are driver-side orchestration around the pieces that do the work: the
 source (`source.py`), the sink (`sink.py`, on executors), the leases
@@ -36,7 +37,7 @@ from journal.sync.pool import open_connection
 from journal.tables import Tables
 from projections.management import check_timestamp
 from projections.management_sql import ManagementSql
-from projections.names import check_instance, validate_name
+from projections.names import check_instance, is_async_handler, validate_name
 from projections.offset_store import PROGRESS_PID, PROGRESS_SEQ_NR, OffsetState, Record
 from projections.settings import ProjectionSettings, ProjectionTableNames
 from projections.spark.checkpoint import query_id
@@ -80,6 +81,13 @@ def _check_common(
     spark: object,
 ) -> None:
     check_instance(name, entity_type, slice_range, handler)
+    if is_async_handler(handler):
+        # The sink calls it on executors without an event loop: it would never run, and
+        # the offsets of what it never applied would be stored.
+        raise InvalidArgument(
+            "the handler is an async function, but Spark calls it synchronously on the "
+            "executors (with a sync psycopg connection): make it a plain `def`"
+        )
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
         raise InvalidArgument(f"num_partitions must be an int, got {num_partitions!r}")
     if num_partitions < 1:

@@ -292,10 +292,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         end = end_timestamp(begin, newest, nth, self._target)
         windows: dict[str, int] = {}
-        # An upsert moves an id's one row (to its transaction's db_timestamp), which no
-        # count can see: a blind durable-state stream re-reads the window every batch
-        # (the sink drops the revisions it has), as if every count had changed.
-        if not is_exact(reading, self.options) and self.options.read != DURABLE_STATE:
+        # Blind: a change in the window's detector (`sql.window_count`: a row count for
+        # events, a revision sum for durable state) means a late write to re-read.
+        if not is_exact(reading, self.options):
             windows = {
                 "window_at_start": self._window(begin.timestamp),
                 "window_at_end": self._window(end),

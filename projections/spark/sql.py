@@ -240,9 +240,21 @@ def stream_bounds(
 def window_count(
     options: SourceOptions, below: datetime, window: timedelta
 ) -> tuple[sql.Composed, dict[str, Any]]:
-    """How many rows of the range lie in [below - window, below)."""
+    """The blind stream's change detector for the window below `below`: for events, how
+    many rows of the range lie in [below - window, below) (a late commit adds one).
+
+    An upsert moves an id's one row instead, to its transaction's db_timestamp, which no
+    count of a bounded window sees. For durable state it is the sum of the revisions of
+    the range's rows at or after `below - window`, unbounded above: every write that
+    lands there raises it (a new row adds its revision, a moved or updated one adds
+    at least one), and no write lowers it."""
     params = _range_params(options, options.slice_range)
     params |= {"lo": below - window, "hi": below}
+    if options.read == DURABLE_STATE:
+        statement = sql.SQL(
+            "SELECT coalesce(sum(revision), 0) FROM {t} WHERE {r} AND db_timestamp >= %(lo)s"
+        ).format(t=_table(options), r=SLICE_RANGE)
+        return statement, params
     statement = sql.SQL(
         "SELECT count(*) FROM {j} WHERE {r} AND db_timestamp >= %(lo)s AND db_timestamp < %(hi)s"
     ).format(j=_table(options), r=SLICE_RANGE)

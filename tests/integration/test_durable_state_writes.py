@@ -4,6 +4,7 @@ commit with the state or not at all (real PostgreSQL, both flavours)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -194,3 +195,63 @@ def test_the_sync_store_carries_change_events_and_its_handler(
                 )
             ).fetchall()
         assert rows == [(pid, 1, 1, False), (pid, 2, None, True)]
+
+
+@pytest.mark.timeout(60)
+async def test_a_change_event_racing_an_append_to_the_same_id_refuses_the_whole_write(
+    pg_dsn: str, settings: JournalSettings
+) -> None:
+    """The id's events moved while the write ran (another transaction appended the same
+    seq_nr and committed first): `ConcurrencyError`, and neither the state nor the change
+    event is written; in a caller's transaction only the write's savepoint is undone."""
+    async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+        store = DurableStateStore(j)
+        pid = f"{ENTITY}|race"
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
+            # Holds seq_nr 1 of the id, uncommitted: the write's append waits on it.
+            await j.append(pid, [{"by": "other"}], expected_seq_nr=0, conn=other)
+            write = asyncio.create_task(
+                store.upsert(pid, {"items": ["a"]}, revision=1, change_event={"added": "a"})
+            )
+            await asyncio.sleep(0.5)
+            assert not write.done()  # blocked behind the other transaction's seq_nr 1
+            await other.commit()
+            with pytest.raises(ConcurrencyError):
+                await write
+        assert await store.get(pid) is None
+        assert [e.event async for e in j.current_events_by_slices(ENTITY, 0, 1023)] == [
+            {"by": "other"}
+        ]
+        # Again inside a caller's transaction: the caller's own work survives.
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            await j.append(f"{ENTITY}|caller", [{"n": 1}], expected_seq_nr=0, conn=conn)
+            async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
+                await j.append(pid, [{"by": "other"}], expected_seq_nr=1, conn=other)
+                write = asyncio.create_task(
+                    store.upsert(pid, {"items": ["b"]}, revision=1, conn=conn,
+                                 change_event={"added": "b"})
+                )  # fmt: skip
+                await asyncio.sleep(0.5)
+                await other.commit()
+                with pytest.raises(ConcurrencyError):
+                    await write
+            await conn.commit()
+        assert await store.get(pid) is None
+        assert await j.highest_seq_nr(f"{ENTITY}|caller") == 1
+        assert await j.highest_seq_nr(pid) == 2
+
+
+async def test_a_write_with_an_autocommit_callers_connection_commits_at_once(
+    pg_dsn: str, settings: JournalSettings
+) -> None:
+    async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
+        store = DurableStateStore(j)
+        pid = f"{ENTITY}|auto"
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await store.upsert(pid, {"items": ["a"]}, revision=1, conn=conn,
+                               change_event={"added": "a"})  # fmt: skip
+            # Visible at once, state and event together (no transaction left open).
+            state = await store.get(pid)
+            assert state is not None and state.revision == 1
+            assert await j.highest_seq_nr(pid) == 1
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -17,7 +18,7 @@ from journal.slices import slice_for
 from projections.spark import arrow_read, register
 from projections.spark.arrow import ARROW_SCHEMA
 from projections.spark.options import parse_options
-from projections.spark.sql import ReadPlan
+from projections.spark.sql import ReadPlan, window_count
 
 ENTITY = "Acct"
 
@@ -396,3 +397,40 @@ def test_a_missing_table_or_server_is_a_typed_error(spark: Any, pg_dsn: str) -> 
     with pytest.raises(ConnectionFailed) as info:
         next(arrow_read.read_plan(ReadPlan(options, options.slice_range, None)))
     assert "s3cret-pw" not in str(info.value)
+
+
+@pytest.mark.timeout(60)
+async def test_a_blind_durable_state_streams_detector_sees_every_write_and_only_writes(
+    journal: Journal, pg_dsn: str
+) -> None:
+    """Without a horizon reading a stream finds late writes by a value of the window below
+    its offset (`sql.window_count`). For durable state, where an upsert moves the id's row,
+    it is the sum of revisions at or after the window's start: an update (of a row below
+    the offset too), a deletion and a new id each raise it; nothing else changes it."""
+    store = DurableStateStore(journal)
+    for i in range(3):
+        await store.upsert(f"{ENTITY}|w{i}", {"n": 1}, revision=1)
+    options = parse_options(
+        {"dsn": pg_dsn, "schema": journal.settings.schema, "entityType": ENTITY,
+         "read": "durableState"}
+    )  # fmt: skip
+    below = await journal.database_time()  # the stream's offset: every row is below it
+
+    async def detector() -> int:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            cur = await conn.execute(*window_count(options, below, timedelta(hours=1)))
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    seen = [await detector()]
+    assert seen[0] == await detector()  # quiet: unchanged
+    await store.upsert(f"{ENTITY}|w0", {"n": 2}, revision=2)  # a row moves up
+    seen.append(await detector())
+    await store.delete(f"{ENTITY}|w1", revision=2)
+    seen.append(await detector())
+    await store.upsert(f"{ENTITY}|w9", {"n": 1}, revision=1)  # a new id
+    seen.append(await detector())
+    await store.upsert("Other|x", {"n": 1}, revision=1)  # another entity type
+    seen.append(await detector())
+    assert seen[0] < seen[1] < seen[2] < seen[3] == seen[4], seen

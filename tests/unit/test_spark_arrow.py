@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
+from journal.errors import DeserializationError
 from journal.model import TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
 from journal.rows import PAYLOAD_COLUMN
 from journal.serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, SerializerRegistry
-from projections.spark.arrow import ARROW_SCHEMA, envelopes, spark_batch
+from projections.spark.arrow import ARROW_SCHEMA, changes, envelopes, spark_batch, state_batch
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 # The driver names a text[]'s item field and tags every field with the server's type;
@@ -104,3 +105,58 @@ def test_a_tombstone_row_becomes_a_deleted_envelope() -> None:
     assert (tombstone.persistence_id, tombstone.seq_nr, tombstone.deleted) == ("A|1", 5, True)
     assert tombstone.event is None and tombstone.error is None
     assert tombstone.db_timestamp == T0 and tombstone.slice == 7
+
+
+# A durable state partition's rows (`sql._STATE_COLUMNS`) as the driver returns them.
+STATE_SELECT_LIST = pa.schema(
+    [
+        pa.field("persistence_id", pa.string(), metadata=_PG),
+        pa.field("slice", pa.int32()),
+        pa.field("revision", pa.int64()),
+        pa.field("db_timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("tags", _TEXT_ARRAY),
+        pa.field("state_ser_id", pa.int32()),
+        pa.field("state_ser_manifest", pa.string(), metadata=_PG),
+        pa.field("state_payload", pa.binary()),
+        pa.field("deleted", pa.bool_()),
+    ]
+)
+
+
+def _state_rows(*rows: dict[str, object]) -> pa.RecordBatch:
+    defaults: dict[str, object] = {
+        "persistence_id": "Cart|1", "slice": 7, "revision": 1, "db_timestamp": T0,
+        "tags": None, "state_ser_id": JSON_SERIALIZER_ID, "state_ser_manifest": None,
+        "state_payload": b'{"items":1}', "deleted": False,
+    }  # fmt: skip
+    return pa.RecordBatch.from_pylist([defaults | row for row in rows], schema=STATE_SELECT_LIST)
+
+
+def test_state_rows_come_back_as_the_changes_the_store_decodes() -> None:
+    """`state_batch` then `changes` (the sink of `project_changes`): JSON and other
+    serializers' states, a deletion, an undecodable state — each as the changes query
+    delivers it (`source` "query", no offset)."""
+    rows = _state_rows(
+        {"tags": ["t"]},
+        {"persistence_id": "Cart|2", "revision": 4, "state_ser_id": BYTES_SERIALIZER_ID,
+         "state_payload": b"\x00\xff"},
+        {"persistence_id": "Cart|3", "revision": 2, "state_payload": None, "deleted": True,
+         "state_ser_id": 0},
+        {"persistence_id": "Cart|4", "state_ser_id": 9999},
+    )  # fmt: skip
+    batch = state_batch(rows, "Cart")
+    got = list(changes(batch, SerializerRegistry()))
+    assert [(c.persistence_id, c.revision, c.value, c.deleted) for c in got[:3]] == [
+        ("Cart|1", 1, {"items": 1}, False),
+        ("Cart|2", 4, b"\x00\xff", False),
+        ("Cart|3", 2, None, True),
+    ]
+    first = got[0]
+    assert (first.entity_type, first.slice, first.db_timestamp, first.tags) == (
+        "Cart", 7, T0, ("t",),
+    )  # fmt: skip
+    assert first.source == "query" and first.offset is None and first.error is None
+    undecodable = got[3]
+    assert undecodable.error is not None and not undecodable.deleted
+    with pytest.raises(DeserializationError):
+        undecodable.decoded_value()
