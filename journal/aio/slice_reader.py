@@ -93,6 +93,33 @@ class SliceReader:
         With `event_filter`, the rows it leaves out are read as keys only; they
         advance the query like any row and are yielded (as `FILTERED` envelopes)
         only with `filtered_envelopes`."""
+        parts = self.stream_parts(
+            entity_type, min_slice, max_slice, offset, source=source, live=live,
+            heartbeats=heartbeats, settings=settings, event_filter=event_filter,
+            filtered_envelopes=filtered_envelopes,
+        )  # fmt: skip
+        async with contextlib.aclosing(parts):
+            async for part in parts:
+                for envelope in part:
+                    yield envelope
+
+    async def stream_parts(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | None,
+        *,
+        source: RowSource[E],
+        live: bool,
+        heartbeats: bool = False,
+        settings: QuerySettings | None = None,
+        event_filter: EventFilter | None = None,
+        filtered_envelopes: bool = False,
+    ) -> AsyncGenerator[list[E], None]:
+        """`stream`'s envelopes a part at a time (at most `PART` rows' worth; a heartbeat
+        alone), in order: for a consumer that takes them in batches — a projection's
+        pump — one step of this generator per part instead of one per envelope."""
         with driver_errors():
             settings = settings or self._settings
             end = None if live else await self.database_time()
@@ -112,7 +139,7 @@ class SliceReader:
                     elif isinstance(request, HeartbeatDue):
                         db_now = await self.database_time()
                         hb = machine.on_heartbeat(db_now, time.monotonic())
-                        yield source.heartbeat(entity_type, min_slice, hb)
+                        yield [source.heartbeat(entity_type, min_slice, hb)]
                     elif isinstance(request, HorizonQuery):
                         statement, params = source.horizon(self._tables, READER_APPLICATION)
                         async with self._pool.connection() as conn:
@@ -144,10 +171,13 @@ class SliceReader:
                             async for batch in batches:
                                 for part in _parts(batch):
                                     emitted = machine.on_rows(part, time.monotonic())
-                                    for envelope in source.decode(
-                                        emitted, registry, source=kind, skip_filtered=skip
-                                    ):
-                                        yield envelope
+                                    envelopes = list(
+                                        source.decode(
+                                            emitted, registry, source=kind, skip_filtered=skip
+                                        )
+                                    )
+                                    if envelopes:
+                                        yield envelopes
                         machine.on_rows_done(time.monotonic())
             finally:
                 warn_if_unfinished(machine, entity_type, min_slice)

@@ -21,9 +21,10 @@ pump reads `SyncDurableStateStore.changes_by_slices` instead of the events, and
 the core validates revisions (`source=STATE_CHANGES`: the latest revision of
 each changed id, gaps normal); the handlers get `DurableStateChange`s.
 
-A pump task (a thread in the sync flavour) moves envelopes from the stream
-into a bounded queue so the consumer can flush batches on time even when the
-stream is quiet. Every instance reports to its telemetry hook
+A pump task (a thread in the sync flavour) moves the stream, a part of up to
+`PART` envelopes at a time (`SliceReader.stream_parts`: one step per part,
+not per envelope), into a bounded queue so the consumer can flush batches on
+time even when the stream is quiet. Every instance reports to its telemetry hook
 (`projections/telemetry.py`): batches, errors, dead letters, offsets, and
 (if the hook asks) its backlog, sampled by a task of its own so a stuck
 handler shows. This module is the one source of both runners:
@@ -70,6 +71,7 @@ from journal.sync.flavour import (
 from journal.sync.journal import SyncJournal
 from journal.sync.notifications import Notifier
 from journal.sync.pool import connect
+from journal.sync.slice_reader import PART
 from projections.core import (
     Action,
     Commit,
@@ -144,7 +146,8 @@ class _StreamEnded:
 
 # Put in the queue by `stop()`, so a consumer waiting for an envelope wakes at once.
 _WAKE = _StreamEnded()
-_Item = EventEnvelope | DurableStateChange | _StreamEnded
+# The pump's items: a part of the stream (`SliceReader.stream_parts`), or its end.
+_Item = list[EventEnvelope] | list[DurableStateChange] | _StreamEnded
 
 
 class SyncProjection:
@@ -523,7 +526,8 @@ class SyncProjection:
             tel.started()
             if tel.samples_backlog:  # events, or durable state changes (`source`)
                 sampler = spawn(self._sample_backlog, tel, name=f"backlog {self.key}")
-            queue: Queue[_Item] = Queue(self.settings.buffer)
+            # `buffer` envelopes, in parts of at most `PART` (a heartbeat is a part).
+            queue: Queue[_Item] = Queue(max(2, -(-self.settings.buffer // PART)))
             self._queue = queue
             pump = spawn(self._pump, queue, start, until_caught_up, name=f"pump {self.key}")
             try:
@@ -565,54 +569,22 @@ class SyncProjection:
         self, queue: Queue[_Item], start: TimestampOffset | None, until_caught_up: bool
     ) -> None:
         r = self.slice_range
-        stream: Iterator[EventEnvelope] | Iterator[DurableStateChange]
-        if self._states is not None:
-            if until_caught_up:
-                stream = self._states.current_changes_by_slices(
-                    self.entity_type, r.min_slice, r.max_slice, start,
-                    query_settings=self.query_settings,
-                )  # fmt: skip
-            else:
-                stream = self._states.changes_by_slices(
-                    self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
-                    query_settings=self.query_settings,
-                )  # fmt: skip
-        elif self.source is EVENTS_FROM_SNAPSHOTS and until_caught_up:
-            stream = self.journal.current_events_by_slices_from_snapshots(
-                self.entity_type,
-                r.min_slice,
-                r.max_slice,
-                start,
-                query_settings=self.query_settings,
-            )
-        elif self.source is EVENTS_FROM_SNAPSHOTS:
-            stream = self.journal.events_by_slices_from_snapshots(
-                self.entity_type, r.min_slice, r.max_slice, start, heartbeats=True,
-                query_settings=self.query_settings,
-            )  # fmt: skip
-        elif until_caught_up:
-            stream = self.journal.current_events_by_slices(
-                self.entity_type, r.min_slice, r.max_slice, start,
-                query_settings=self.query_settings, filter=self.filter, filtered_envelopes=True,
-            )  # fmt: skip
-        else:
-            stream = self.journal.events_by_slices(
-                self.entity_type,
-                r.min_slice,
-                r.max_slice,
-                start,
-                heartbeats=True,
-                query_settings=self.query_settings,
-                filter=self.filter,
-                filtered_envelopes=True,
-            )
+        # The slice query a part at a time (`SliceReader.stream_parts`, what the public
+        # queries yield envelope by envelope): one queue item per part. A current stream
+        # (until caught up) has no heartbeats, as `current_events_by_slices`.
+        reader = self.journal._slices if self._states is None else self._states._slices
+        parts = reader.stream_parts(
+            self.entity_type, r.min_slice, r.max_slice, start, source=self.source,
+            live=not until_caught_up, heartbeats=not until_caught_up,
+            settings=self.query_settings, event_filter=self.filter,
+            filtered_envelopes=True,
+        )  # fmt: skip
         try:
-            with contextlib.closing(stream):
-                for env in stream:
-                    # Waiting (a coroutine) only when the queue is full: an await per
-                    # envelope is a measurable part of a catch-up.
-                    if not queue_offer(queue, env):
-                        queue_put(queue, env)
+            with contextlib.closing(parts):
+                for part in parts:
+                    # Waiting (a coroutine) only when the queue is full.
+                    if not queue_offer(queue, part):
+                        queue_put(queue, part)
         except Exception as error:  # handed to the consumer, which fails the run with it
             queue_put(queue, _StreamEnded(error))
             return
@@ -659,15 +631,8 @@ class SyncProjection:
             else:
                 timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
                 item = queue_get(queue, timeout)
-            if isinstance(item, EventEnvelope | DurableStateChange):
-                if self._tel is NO_INSTANCE_TELEMETRY:
-                    # Inline, and `_drive` only when the core asks for something: most
-                    # envelopes are only collected into the batch (no await per event).
-                    offered = self._core.offer(item, time.monotonic())
-                    if offered is not None:
-                        self._drive(offered)
-                else:
-                    self._handle(item)
+            if isinstance(item, list):
+                self._offer_part(item)
             elif item is not None and item is not _WAKE:
                 if item.error is not None:
                     error = item.error
@@ -679,6 +644,22 @@ class SyncProjection:
             if polled is not None:
                 self._drive(polled)
         self._flush()
+
+    def _offer_part(self, part: list[EventEnvelope] | list[DurableStateChange]) -> None:
+        """Offer a part of the stream in order; after `stop()`, not the rest of it (its
+        offsets are not stored: the next run reads it again)."""
+        core, stop = self._core, self._stop
+        for env in part:
+            if self._tel is NO_INSTANCE_TELEMETRY:
+                # Inline, and `_drive` only when the core asks for something: most
+                # envelopes are only collected into the batch (no await per event).
+                offered = core.offer(env, time.monotonic())
+                if offered is not None:
+                    self._drive(offered)
+            else:
+                self._handle(env)
+            if stop.is_set():
+                return
 
     # -- executing the core's actions -----------------------------------------------------------
 
