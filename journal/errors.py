@@ -124,10 +124,19 @@ class ConcurrencyError(JournalError):
         self.persistence_id = persistence_id
         self.expected_seq_nr = expected_seq_nr
         self.actual_seq_nr = actual_seq_nr
-        super().__init__(
-            f"concurrent modification of {persistence_id!r}: expected {what} "
-            f"{expected_seq_nr}, but the {store} has {actual_seq_nr}"
-        )
+        if what == "revision":
+            # A durable state write names the *new* revision: say which one it was.
+            message = (
+                f"concurrent modification of {persistence_id!r}: revision "
+                f"{expected_seq_nr + 1} needs the stored revision to be {expected_seq_nr}, "
+                f"but the {store} has {actual_seq_nr}"
+            )
+        else:
+            message = (
+                f"concurrent modification of {persistence_id!r}: expected {what} "
+                f"{expected_seq_nr}, but the {store} has {actual_seq_nr}"
+            )
+        super().__init__(message)
 
 
 class SerializationError(JournalError):

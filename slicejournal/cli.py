@@ -111,7 +111,7 @@ def _positive_seconds(text: str) -> float:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     if args.command == "init":
-        note = "`init` is deprecated (removed in the next minor release): use `migrate`"
+        note = "`init` is deprecated (removed in 0.4.0): use `migrate`"
         print(f"slicejournal: note: {note}, the same command", file=sys.stderr)
     settings = attrs.evolve(_settings(args), migration_lock_timeout=args.lock_timeout)
     if args.sql:
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("migrate", "create the schema's tables or bring them to this release (idempotent, "
          "safe to run concurrently); the canonical command"),
-        ("init", "deprecated: the same as migrate (removed in the next minor release)"),
+        ("init", "deprecated: the same as migrate (removed in 0.4.0)"),
     ):  # fmt: skip
         p_migrate = sub.add_parser(
             name,

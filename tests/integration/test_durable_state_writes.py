@@ -68,8 +68,12 @@ async def test_change_events_go_into_the_journal_with_the_write_or_not_at_all(
         await store.upsert(pid, {"items": ["a", "b"]}, revision=2, tags=["t"],
                            change_event={"added": "b"})  # fmt: skip
         await store.delete(pid, revision=3, change_event={"cleared": True})
-        # A stale revision: refused, and neither the state nor an event is written.
-        with pytest.raises(ConcurrencyError):
+        # A stale revision: refused, and neither the state nor an event is written; the
+        # message names the revision the write asked for and the one stored.
+        with pytest.raises(
+            ConcurrencyError,
+            match="revision 3 needs the stored revision to be 2, but the durable state store has 3",
+        ):
             await store.upsert(pid, {"items": []}, revision=3, change_event={"stale": 1})
         # A write without one, then one with: the events stay gap-free.
         await store.upsert(pid, {"items": ["c"]}, revision=4)
@@ -157,6 +161,10 @@ async def test_a_change_handler_of_the_wrong_flavour_is_refused_when_the_store_i
     async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
         with pytest.raises(InvalidArgument, match="not an async function"):
             DurableStateStore(j, change_handler=blocking)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="not an async function"):
+            # A lambda returns what its body does: not awaitable here (refused, not a
+            # TypeError at the first write).
+            DurableStateStore(j, change_handler=lambda conn, change: None)  # type: ignore[arg-type,return-value]
         with pytest.raises(InvalidArgument, match="must be callable"):
             DurableStateStore(j, change_handler="nope")  # type: ignore[arg-type]
     with (
