@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS "public"."snapshot" (
 
   PRIMARY KEY (persistence_id)
 );
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 1, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 1, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step journal 0002_snapshot_slice_index
@@ -77,7 +77,7 @@ CREATE SCHEMA IF NOT EXISTS "public"; CREATE TABLE IF NOT EXISTS "public"."slice
 
 CREATE INDEX IF NOT EXISTS "snapshot_slice_idx"
   ON "public"."snapshot" (slice, entity_type, db_timestamp);
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 2, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 2, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step journal 0003_durable_state
@@ -110,7 +110,7 @@ CREATE TABLE IF NOT EXISTS "public"."durable_state" (
 -- The changes query's index: one range scan per slice range, ordered by time.
 CREATE INDEX IF NOT EXISTS "durable_state_slice_idx"
   ON "public"."durable_state" (slice, entity_type, db_timestamp, revision);
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 3, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 3, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step journal 0004_snapshot_event_timestamp
@@ -134,7 +134,7 @@ UPDATE "public"."snapshot" AS s
  WHERE e.persistence_id = s.persistence_id
    AND e.seq_nr = s.seq_nr
    AND s.db_timestamp IS DISTINCT FROM e.db_timestamp;
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 4, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('journal(event_journal,snapshot)', 4, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step projections 0001_projections
@@ -242,7 +242,7 @@ BEGIN
   END IF;
 END
 $body$;
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 1, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 1, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step projections 0002_projection_registry
@@ -269,7 +269,7 @@ CREATE TABLE IF NOT EXISTS "public"."projection_management_registry" (
   updated_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
   CHECK (0 <= min_slice AND min_slice <= max_slice AND max_slice <= 1023)
 );
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 2, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 2, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step projections 0003_dead_letter_replay
@@ -297,7 +297,7 @@ ALTER TABLE "public"."projection_dead_letter" ADD COLUMN IF NOT EXISTS replay_fa
 -- backlog counts only the events it lets through. Not the registry: a row there
 -- registers a projection for retention.
 ALTER TABLE "public"."projection_management" ADD COLUMN IF NOT EXISTS event_filter JSONB;
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 3, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 3, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
 
 -- step projections 0004_projection_reads
@@ -314,5 +314,5 @@ CREATE SCHEMA IF NOT EXISTS "public"; CREATE TABLE IF NOT EXISTS "public"."slice
 -- Never edit a shipped migration: add the next number instead.
 
 ALTER TABLE "public"."projection_management" ADD COLUMN IF NOT EXISTS reads TEXT;
-INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 4, '0.2.0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
+INSERT INTO "public"."slicejournal_schema_version" (component, version, release) VALUES ('projections(projection_timestamp_offset_store,projection_management,projection_dead_letter,projection_fleet,projection_fleet_worker,projection_lease)', 4, '0.3.0.dev0') ON CONFLICT (component) DO UPDATE SET version = excluded.version, release = excluded.release, migrated_at = now();
 COMMIT;
