@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from journal.callables import is_async_callable
+from journal.callables import is_async_callable, unwrapped
 from journal.errors import DeserializationError, InvalidArgument
 from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset, _attrs_compatible, _Unordered
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
@@ -192,7 +192,10 @@ def check_change_handler(handler: object, *, asynchronous: bool) -> None:
     if not callable(handler):
         raise InvalidArgument(f"change_handler must be callable, got {handler!r}")
     is_async = is_async_callable(handler)
-    if asynchronous and not is_async:
+    # A lambda may return an awaitable (`lambda conn, change: apply(conn, change, x)`),
+    # as a projection handler's may: its result is checked when it is called.
+    lambda_ = getattr(unwrapped(handler), "__name__", "") == "<lambda>"
+    if asynchronous and not is_async and not lambda_:
         raise InvalidArgument(
             f"change_handler {handler!r} is not an async function, but DurableStateStore "
             "awaits it: make it `async def`, or use SyncDurableStateStore (SyncJournal)"

@@ -139,10 +139,10 @@ def iter_envelopes(
     one at a time; `skip_filtered` leaves out the rows an `EventFilter` left out.
 
     The one decoder of rows: `rows_to_envelopes` and `row_to_envelope` run it, and
-    the slice query runs it over each fetched batch. It yields instead of building
-    a list so that an envelope the consumer is done with is freed before the next
-    is built: a batch of envelopes alive at once would all be promoted by the
-    garbage collector, whose passes over them cost a catch-up about 1 us an event.
+    the slice query runs it over each part of a fetched batch (`PART` rows, turned
+    into a list of envelopes at a time). A whole batch of envelopes alive at once
+    would be promoted by the garbage collector, whose passes over them cost a
+    catch-up about 1 us an event; a part stays under its first threshold.
     A payload is decoded with the registry's decoder for its serializer id and
     manifest, looked up once per call and pair (and not at all while the pair stays
     the one of the row before); if that fails (or the row has metadata), `decode_payloads`

@@ -126,7 +126,8 @@ class ProjectionSettings:
     backlog_sample_interval: timedelta = attrs.field(
         default=timedelta(seconds=5), converter=to_timedelta, validator=positive
     )
-    # Envelopes buffered between the stream and the handler.
+    # Envelopes buffered between the stream and the handler: about that many, in parts
+    # of up to 50 (the queue holds ceil(buffer / 50) parts, at least 2).
     buffer: int = attrs.field(default=1000, validator=_positive_int)
     # Where the offsets, management, dead letters and leases live (in the journal's schema).
     tables: ProjectionTableNames = attrs.field(factory=ProjectionTableNames, validator=_table_names)

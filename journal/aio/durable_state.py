@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from journal.aio.flavour import ASYNC
+from journal.aio.flavour import ASYNC, call_back
 from journal.aio.journal import Journal
 from journal.aio.slice_reader import SliceReader
 from journal.connection import translate_errors
@@ -177,7 +177,8 @@ class DurableStateStore:
                 conn=conn,
             )  # fmt: skip
         if self._change_handler is not None:
-            await self._change_handler(conn, written_change(params, value, written[0]))
+            change = written_change(params, value, written[0])
+            await call_back("change_handler", self._change_handler(conn, change))
 
     # -- reads --------------------------------------------------------------
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
+
+from journal.errors import InvalidArgument
 
 T = TypeVar("T")
 
@@ -96,3 +99,14 @@ def queue_offer(queue: asyncio.Queue[T], item: T) -> bool:
 async def checkpoint() -> None:
     """A point where a cancelled task stops (the sync flavour's threads check here)."""
     await asyncio.sleep(0)
+
+
+async def call_back(what: str, result: Any) -> None:
+    """Await what a user's callback returned (`what` names it), refusing a result that is
+    not awaitable: a lambda passed as an async callback returns what its body does."""
+    if not inspect.isawaitable(result):
+        raise InvalidArgument(
+            f"{what} returned {result!r}, not an awaitable: the asyncio API awaits it "
+            "(make it `async def`)"
+        )
+    await result

@@ -89,7 +89,7 @@ class RowSource(Protocol, Generic[E]):
         skip_filtered: bool,
     ) -> Iterable[E]:
         """The envelopes of the rows the machine emitted, each with its offset, in order
-        (an iterator, so that each is freed before the next is built)."""
+        (the slice query makes a list of each part's: `PART` rows at most)."""
         ...
 
     def heartbeat(self, entity_type: str, min_slice: int, offset: TimestampOffset) -> E:

@@ -37,7 +37,7 @@ from journal.query.source import STATE_CHANGES
 from journal.query.state_sql import DurableStateSql
 from journal.settings import QuerySettings
 from journal.slices import validate_persistence_id
-from journal.sync.flavour import ASYNC
+from journal.sync.flavour import ASYNC, call_back
 from journal.sync.journal import SyncJournal
 from journal.sync.slice_reader import SliceReader
 from journal.writer import opens_caller_transaction
@@ -178,7 +178,8 @@ class SyncDurableStateStore:
                 conn=conn,
             )  # fmt: skip
         if self._change_handler is not None:
-            self._change_handler(conn, written_change(params, value, written[0]))
+            change = written_change(params, value, written[0])
+            call_back("change_handler", self._change_handler(conn, change))
 
     # -- reads --------------------------------------------------------------
 

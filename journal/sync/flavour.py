@@ -12,11 +12,14 @@ caller's own) waits plainly.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import queue as _queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar
+
+from journal.errors import InvalidArgument
 
 T = TypeVar("T")
 
@@ -180,3 +183,15 @@ def queue_offer(queue: Queue[T], item: T) -> bool:
     except _queue.Full:
         return False
     return True
+
+
+def call_back(what: str, result: Any) -> None:
+    """What a user's callback returned (`what` names it), refusing an awaitable: the sync
+    API does not await, so an async callback's work would silently never run."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # no "never awaited" warning on top of the error
+        raise InvalidArgument(
+            f"{what} returned an awaitable ({type(result).__name__}), which the sync API "
+            "cannot run: make it a plain `def`, or use the asyncio API"
+        )

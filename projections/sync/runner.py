@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -613,6 +613,9 @@ class SyncProjection:
         poll = self.settings.management_poll_interval.total_seconds()
         next_poll = time.monotonic()
         next_cleanup = time.monotonic() + self.settings.cleanup_interval.total_seconds()
+        # What is left of a part whose offering stopped for a due check (pause, cleanup,
+        # a batch's time): offered before the next item, after the checks.
+        rest: list[EventEnvelope] | list[DurableStateChange] = []
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_poll:
@@ -626,13 +629,15 @@ class SyncProjection:
             if now >= next_cleanup:
                 next_cleanup = now + self.settings.cleanup_interval.total_seconds()
                 self._cleanup()
-            if not queue.empty():  # the common case while busy: no wait, no timer
-                item: _Item | None = queue.get_nowait()
+            if rest:
+                item: _Item | None = rest
+            elif not queue.empty():  # the common case while busy: no wait, no timer
+                item = queue.get_nowait()
             else:
                 timeout = max(0.0, min(next_poll, self._core.next_deadline()) - time.monotonic())
                 item = queue_get(queue, timeout)
             if isinstance(item, list):
-                self._offer_part(item)
+                rest = self._offer_part(item, min(next_poll, next_cleanup))
             elif item is not None and item is not _WAKE:
                 if item.error is not None:
                     error = item.error
@@ -645,11 +650,17 @@ class SyncProjection:
                 self._drive(polled)
         self._flush()
 
-    def _offer_part(self, part: list[EventEnvelope] | list[DurableStateChange]) -> None:
-        """Offer a part of the stream in order; after `stop()`, not the rest of it (its
-        offsets are not stored: the next run reads it again)."""
+    def _offer_part(
+        self, part: list[EventEnvelope] | list[DurableStateChange], due: float
+    ) -> list[EventEnvelope] | list[DurableStateChange]:
+        """Offer a part of the stream in order, and return what is left of it when a
+        check is due — at `due` (the management poll, cleanup) or the core's deadline
+        (a batch's time, a held envelope's retry) — as after every envelope before
+        parts. After `stop()`, the rest is dropped: its offsets are not stored, and the
+        next run reads it again."""
         core, stop = self._core, self._stop
-        for env in part:
+        envelopes: Sequence[Envelope] = part
+        for i, env in enumerate(envelopes):
             if self._tel is NO_INSTANCE_TELEMETRY:
                 # Inline, and `_drive` only when the core asks for something: most
                 # envelopes are only collected into the batch (no await per event).
@@ -659,7 +670,11 @@ class SyncProjection:
             else:
                 self._handle(env)
             if stop.is_set():
-                return
+                return []
+            now = time.monotonic()
+            if now >= due or now >= core.next_deadline():
+                return part[i + 1 :]
+        return []
 
     # -- executing the core's actions -----------------------------------------------------------
 

@@ -161,17 +161,22 @@ async def test_a_change_handler_of_the_wrong_flavour_is_refused_when_the_store_i
     async with Journal.connect(pg_dsn, settings, create_schema=True) as j:
         with pytest.raises(InvalidArgument, match="not an async function"):
             DurableStateStore(j, change_handler=blocking)  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgument, match="not an async function"):
-            # A lambda returns what its body does: not awaitable here (refused, not a
-            # TypeError at the first write).
-            DurableStateStore(j, change_handler=lambda conn, change: None)  # type: ignore[arg-type,return-value]
+        # A lambda may return an awaitable (as for projection handlers); one that does not
+        # is refused at the write, naming the handler, and the write is undone.
+        lazy = DurableStateStore(j, change_handler=lambda conn, change: None)  # type: ignore[arg-type,return-value]
+        with pytest.raises(InvalidArgument, match="change_handler returned None"):
+            await lazy.upsert(f"{ENTITY}|lambda", {"items": []}, revision=1)
+        assert await lazy.get(f"{ENTITY}|lambda") is None
         with pytest.raises(InvalidArgument, match="must be callable"):
             DurableStateStore(j, change_handler="nope")  # type: ignore[arg-type]
-    with (
-        SyncJournal.connect(pg_dsn, settings) as sj,
-        pytest.raises(InvalidArgument, match="is an async function"),
-    ):
-        SyncDurableStateStore(sj, change_handler=awaiting)  # type: ignore[arg-type]
+    with SyncJournal.connect(pg_dsn, settings) as sj:
+        with pytest.raises(InvalidArgument, match="is an async function"):
+            SyncDurableStateStore(sj, change_handler=awaiting)  # type: ignore[arg-type]
+        # A lambda returning a coroutine to the sync store: refused, not silently lost.
+        sync_lambda = SyncDurableStateStore(sj, change_handler=lambda c, ch: awaiting(c, ch))
+        with pytest.raises(InvalidArgument, match="returned an awaitable"):
+            sync_lambda.upsert(f"{ENTITY}|sync-lambda", {"items": []}, revision=1)
+        assert sync_lambda.get(f"{ENTITY}|sync-lambda") is None
 
 
 def test_the_sync_store_carries_change_events_and_its_handler(

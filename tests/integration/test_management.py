@@ -19,6 +19,7 @@ from psycopg import sql
 
 from journal import (
     BacktrackingSettings,
+    EventEnvelope,
     InvalidArgument,
     Journal,
     JournalSettings,
@@ -576,3 +577,46 @@ async def test_management_rejects_bad_arguments_with_typed_errors(bank_journal: 
         await mgmt.pause(NAME, "0-255")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="SliceRange"):
         await mgmt.clear_offset(NAME, (0, 255))  # type: ignore[arg-type]
+
+
+async def test_a_pause_is_seen_within_a_poll_in_the_middle_of_a_catch_up(
+    bank_journal: Journal,
+) -> None:
+    """The stream reaches an instance in parts of up to 50 envelopes; the management poll
+    (pause) still comes between envelopes, not only between parts: with a handler of 20 ms
+    an envelope and a poll every 0.1 s, a pause stops it within a few events."""
+    j = bank_journal
+    mgmt = ProjectionManagement(j)
+    pids = accounts_in(ALL, 10)
+    for pid in pids:
+        await j.append(pid, [{"amount": 1}] * 20, expected_seq_nr=0)
+    handled = 0
+    inner = bank.make_handler(j)
+
+    async def slow(conn: Any, env: EventEnvelope) -> None:
+        nonlocal handled
+        await asyncio.sleep(0.02)
+        await inner(conn, env)
+        handled += 1
+
+    p = Projection.exactly_once(
+        j, name=NAME, entity_type=bank.ENTITY, slice_range=ALL, handler=slow, settings=SETTINGS
+    )
+    async with running(p):
+        await eventually(lambda: handled >= 5, "the catch-up is under way")
+        await mgmt.pause(NAME)
+        at_pause = handled
+        await eventually(lambda: mgmt.is_paused(NAME, ALL), "paused")
+        stopped_at = handled
+
+        async def settled() -> bool:
+            nonlocal stopped_at
+            before, stopped_at = stopped_at, handled
+            await asyncio.sleep(0.5)
+            return handled == before == stopped_at
+
+        await eventually(settled, "the instance stops handling")
+        assert handled - at_pause < 30, (at_pause, handled)  # a part is 50 envelopes
+        assert handled < len(pids) * 20
+        await mgmt.resume(NAME)
+        await eventually(lambda: handled == len(pids) * 20, "every event after the resume")

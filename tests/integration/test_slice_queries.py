@@ -339,3 +339,27 @@ async def test_reads_arrive_in_utc_whatever_the_session_time_zone(pg_dsn: str, s
         assert all(e.db_timestamp.utcoffset() == timedelta(0) for e in read)
         assert all(e.offset is None or e.offset.read_timestamp.utcoffset() == timedelta(0)
                    for e in read)  # fmt: skip
+
+
+async def test_the_stream_in_parts_is_the_stream(journal: Journal) -> None:
+    """`SliceReader.stream_parts` (what a projection's pump reads) flattens to exactly what
+    the public stream yields, in parts of at most `PART` envelopes, none empty."""
+    from journal.aio.slice_reader import PART
+    from journal.query.source import EVENTS
+
+    for i in range(7):
+        await journal.append(f"Part|{i}", [{"n": n} for n in range(1, 31)], expected_seq_nr=0)
+    streamed = [e async for e in journal.current_events_by_slices("Part", 0, 1023)]
+    parts = [
+        part
+        async for part in journal._slices.stream_parts(
+            "Part", 0, 1023, None, source=EVENTS, live=False
+        )
+    ]
+
+    def key(e: Any) -> tuple[Any, ...]:  # all but the time each read ran
+        return (*e[:11], e.offset.timestamp, dict(e.offset.seen), e.source)
+
+    assert [key(e) for part in parts for e in part] == [key(e) for e in streamed]
+    assert len(streamed) == 210 and len(parts) > 210 // PART
+    assert all(0 < len(part) <= PART for part in parts)
