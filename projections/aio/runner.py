@@ -682,10 +682,8 @@ class Projection:
         return time.monotonic()
 
     async def _handle(self, env: Envelope) -> None:
+        """`offer` with telemetry: the duplicates and gap fills it counted, reported."""
         tel = self._tel
-        if tel is NO_INSTANCE_TELEMETRY:
-            await self._drive(self._core.offer(env, self._now()))
-            return
         stats = self.stats
         duplicates, gaps = stats.duplicates, stats.gaps_filled
         await self._drive(self._core.offer(env, self._now()))
