@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
+import attrs
 from psycopg import AsyncConnection
 
 from journal.aio.flavour import ASYNC, call_back
 from journal.aio.journal import Journal
 from journal.aio.slice_reader import SliceReader
+from journal.aio.writer import callers_savepoint
 from journal.connection import translate_errors
 from journal.durable_state import (
     DurableState,
@@ -38,7 +40,7 @@ from journal.query.source import STATE_CHANGES
 from journal.query.state_sql import DurableStateSql
 from journal.settings import QuerySettings
 from journal.slices import validate_persistence_id
-from journal.writer import opens_caller_transaction
+from journal.writer import PreparedAppend, prepare_append
 
 
 class DurableStateStore:
@@ -95,8 +97,7 @@ class DurableStateStore:
         nothing is written.
         """
         params = state_params(self.journal.serializers, persistence_id, revision, state, tags)
-        self._check_event(change_event)
-        await self._write(params, conn, state, change_event)
+        await self._write(params, conn, state, self._event(params, change_event))
 
     @translate_errors
     async def delete(
@@ -114,31 +115,31 @@ class DurableStateStore:
         params = state_params(
             self.journal.serializers, persistence_id, revision, None, (), delete=True
         )
-        self._check_event(change_event)
-        await self._write(params, conn, None, change_event)
+        await self._write(params, conn, None, self._event(params, change_event))
 
-    def _check_event(self, change_event: Any) -> None:
-        """A change event the serializers cannot write fails before anything is written."""
-        if change_event is not None:
-            self.journal.serializers.serialize(change_event, what="event")
+    def _event(self, params: dict[str, Any], change_event: Any) -> PreparedAppend | None:
+        """The change event validated and serialized before anything is written (its
+        `expected_seq_nr` is set in the write's transaction); None without one."""
+        if change_event is None:
+            return None
+        return prepare_append(
+            self.journal.serializers, params["pid"], [change_event], 0,
+            params["tags"] or (), None,
+        )  # fmt: skip
 
     async def _write(
         self,
         params: dict[str, Any],
         conn: AsyncConnection[Any] | None,
         value: Any,
-        change_event: Any,
+        change_event: PreparedAppend | None,
     ) -> None:
         # A bare write is one statement; with a change event or handler, the write and
         # what comes with it share a transaction (a savepoint in the caller's).
         more = change_event is not None or self._change_handler is not None
         if conn is not None:
             if more:
-                if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
-                    # Begin the caller's transaction first: `conn.transaction()` would
-                    # otherwise be the outer one and commit before the caller does.
-                    await conn.execute("SELECT 1")
-                async with conn.transaction():
+                async with callers_savepoint(conn):
                     await self._write_on(conn, params, value, change_event)
             else:
                 await self._write_on(conn, params, value, change_event)
@@ -154,7 +155,11 @@ class DurableStateStore:
             notifier.changed(params["entity_type"], params["slice"])
 
     async def _write_on(
-        self, conn: AsyncConnection[Any], params: dict[str, Any], value: Any, change_event: Any
+        self,
+        conn: AsyncConnection[Any],
+        params: dict[str, Any],
+        value: Any,
+        change_event: PreparedAppend | None,
     ) -> None:
         statement = self._sql.insert if params["revision"] == 1 else self._sql.update
         cur = await conn.execute(statement, params)
@@ -170,12 +175,9 @@ class DurableStateStore:
         if change_event is not None:
             # The row written above holds the id: no other write of its state can add a
             # change event before this transaction ends.
-            pid = params["pid"]
-            highest = await self.journal._writer.highest_seq_nr(pid, conn)
-            await self.journal.append(
-                pid, [change_event], expected_seq_nr=highest, tags=params["tags"] or (),
-                conn=conn,
-            )  # fmt: skip
+            writer = self.journal._writer
+            highest = await writer.highest_seq_nr(params["pid"], conn)
+            await writer.append(attrs.evolve(change_event, expected_seq_nr=highest), conn)
         if self._change_handler is not None:
             change = written_change(params, value, written[0])
             await call_back("change_handler", self._change_handler(conn, change))

@@ -8,7 +8,9 @@ the process's telemetry (`journal/telemetry.py`) when one is installed.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -83,12 +85,10 @@ class EventWriter:
     ) -> list[EventEnvelope]:
         statement = self._sql.append_statement(batch, self._writer_id)
         if conn is not None:
-            if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
-                await conn.execute("SELECT 1")
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
-            async with conn.transaction():
+            async with callers_savepoint(conn):
                 stored_at = await self._insert(conn, statement)
                 if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
@@ -156,3 +156,15 @@ class EventWriter:
             await conn.execute(self._sql.delete_before, (persistence_id, target))
             await conn.execute(self._sql.mark_deleted, (persistence_id, target))
             return target
+
+
+@contextlib.asynccontextmanager
+async def callers_savepoint(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A savepoint in the transaction of a caller's connection (`conn=` of a write): the
+    caller's transaction is begun first if it has none yet (`opens_caller_transaction`),
+    so the savepoint is not the outer transaction, committed before the caller decides.
+    An exception in the block rolls back to the savepoint only."""
+    if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
+        await conn.execute("SELECT 1")
+    async with conn.transaction():
+        yield

@@ -10,7 +10,9 @@ the process's telemetry (`journal/telemetry.py`) when one is installed.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -83,12 +85,10 @@ class EventWriter:
     def _append(self, batch: PreparedAppend, conn: Connection[Any] | None) -> list[EventEnvelope]:
         statement = self._sql.append_statement(batch, self._writer_id)
         if conn is not None:
-            if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
-                conn.execute("SELECT 1")
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
-            with conn.transaction():
+            with callers_savepoint(conn):
                 stored_at = self._insert(conn, statement)
                 if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
@@ -152,3 +152,15 @@ class EventWriter:
             conn.execute(self._sql.delete_before, (persistence_id, target))
             conn.execute(self._sql.mark_deleted, (persistence_id, target))
             return target
+
+
+@contextlib.contextmanager
+def callers_savepoint(conn: Connection[Any]) -> Iterator[None]:
+    """A savepoint in the transaction of a caller's connection (`conn=` of a write): the
+    caller's transaction is begun first if it has none yet (`opens_caller_transaction`),
+    so the savepoint is not the outer transaction, committed before the caller decides.
+    An exception in the block rolls back to the savepoint only."""
+    if opens_caller_transaction(conn.autocommit, conn.info.transaction_status):
+        conn.execute("SELECT 1")
+    with conn.transaction():
+        yield
