@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from journal.callables import is_async_callable, unwrapped
+from journal.callables import check_flavour, describe
 from journal.errors import DeserializationError, InvalidArgument
 from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset, _attrs_compatible, _Unordered
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
@@ -191,21 +191,10 @@ def check_change_handler(handler: object, *, asynchronous: bool) -> None:
         return
     if not callable(handler):
         raise InvalidArgument(f"change_handler must be callable, got {handler!r}")
-    is_async = is_async_callable(handler)
-    # A lambda may return an awaitable (`lambda conn, change: apply(conn, change, x)`),
-    # as a projection handler's may: its result is checked when it is called.
-    lambda_ = getattr(unwrapped(handler), "__name__", "") == "<lambda>"
-    if asynchronous and not is_async and not lambda_:
-        raise InvalidArgument(
-            f"change_handler {handler!r} is not an async function, but DurableStateStore "
-            "awaits it: make it `async def`, or use SyncDurableStateStore (SyncJournal)"
-        )
-    if not asynchronous and is_async:
-        raise InvalidArgument(
-            f"change_handler {handler!r} is an async function, but SyncDurableStateStore "
-            "calls it without an event loop: make it a plain `def`, or use "
-            "DurableStateStore (Journal)"
-        )
+    check_flavour(
+        handler, asynchronous=asynchronous, what=describe(handler, "change_handler"),
+        async_api="DurableStateStore (Journal)", sync_api="SyncDurableStateStore (SyncJournal)",
+    )  # fmt: skip
 
 
 def written_change(

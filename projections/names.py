@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from journal.callables import is_async_callable, unwrapped
+from journal.callables import check_flavour, describe, is_async_callable
 from journal.errors import InvalidArgument
 from journal.slices import SliceRange, validate_entity_type
 
@@ -48,36 +48,15 @@ def check_instance(
 
 
 # A handler's flavour, as the journal decides it for its own callables.
-_unwrapped = unwrapped
 is_async_handler = is_async_callable
-
-
-def _describe(handler: object) -> str:
-    target = _unwrapped(handler)
-    name = getattr(target, "__qualname__", None) or type(target).__qualname__
-    return f"handler {name!r}"
 
 
 def check_handler_flavour(handler: object, *, asynchronous: bool) -> None:
     """Refuse a handler of the other flavour when the projection is built, not at its
     first event: `Projection` (asyncio) awaits its handler, so it needs an `async def`;
-    `SyncProjection` calls it in a thread, so an `async def` one would never run.
-
-    A lambda passes the asyncio check: it may return an awaitable (`lambda conn, env:
-    apply(conn, env, extra)`), which the runner awaits.
-    """
-    if asynchronous:
-        target = _unwrapped(handler)
-        if is_async_handler(handler) or getattr(target, "__name__", None) == "<lambda>":
-            return
-        raise InvalidArgument(
-            f"{_describe(handler)} is not an async function, but Projection awaits its "
-            "handler: make it `async def`, or use SyncProjection (SyncJournal) for a "
-            "blocking handler"
-        )
-    if is_async_handler(handler):
-        raise InvalidArgument(
-            f"{_describe(handler)} is an async function, but SyncProjection calls its "
-            "handler without an event loop (it would never run): make it a plain `def`, "
-            "or use Projection (Journal, asyncio) for an async handler"
-        )
+    `SyncProjection` calls it in a thread, so an `async def` one would never run
+    (`journal.callables.check_flavour`, a lambda passing the asyncio check)."""
+    check_flavour(
+        handler, asynchronous=asynchronous, what=describe(handler, "handler"),
+        async_api="Projection (Journal, asyncio)", sync_api="SyncProjection (SyncJournal)",
+    )  # fmt: skip
