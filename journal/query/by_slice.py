@@ -42,6 +42,7 @@ heartbeats, and decides which part is asked what.
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 from collections.abc import Mapping, Sequence
@@ -299,6 +300,35 @@ class BySliceQuery:
                 self._buckets.window_end(scan_from),
             )
         return self._rows_query(self._normal_query(now))
+
+    def next_chunk_if_whole(self, now: float) -> RowsQuery | None:
+        """The bounded chunk `next_request` asks for after the one being read, if that
+        one is read whole and no bucket count comes between; None when there is none
+        or it cannot be known yet.
+
+        The chunk's statement does not depend on the rows still coming, so the driver
+        may start it early on another connection, and the server finds and sorts its
+        rows while the client decodes these; the driver reads it only if the next
+        request equals it. Only for a stream that is not live: a live stream's next
+        chunk is bounded by a horizon reading taken after this one ends.
+        """
+        query = self._current
+        if (
+            self.live
+            or query is None
+            or query.backtracking
+            or query.limit is not None
+            or query.until_exclusive is None
+        ):
+            return None
+        # What this query would do, on a copy: its parts are immutable values.
+        ghost = copy.copy(self)
+        ghost._pending_notifications = list(self._pending_notifications)
+        ghost.on_rows_done(now)
+        request = ghost.next_request(now)
+        if isinstance(request, RowsQuery) and request.limit is None:
+            return request
+        return None
 
     def _heartbeat_due(self) -> float:
         if not self.heartbeats:

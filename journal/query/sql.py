@@ -7,13 +7,19 @@ complete buckets) are visible side by side.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import sql
 
 from journal.filter import EventFilter
-from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID, TOMBSTONE_MANIFEST, TOMBSTONE_SER_ID
+from journal.model import (
+    EPOCH,
+    FILTERED_MANIFEST,
+    FILTERED_SER_ID,
+    TOMBSTONE_MANIFEST,
+    TOMBSTONE_SER_ID,
+)
 from journal.query.by_slice import BUCKET_SECONDS, BucketsQuery, RowsQuery
 from journal.rows import COLUMNS, PAYLOAD_COLUMN
 from journal.tables import Tables
@@ -285,10 +291,15 @@ def slice_buckets(
             )
         )
         params["behind"] = behind
+    # `date_bin` per row, the epoch seconds per bucket: `extract(epoch ...)` is numeric
+    # arithmetic, and per row it made the count three times slower (200k rows: 0.62 us
+    # an event of a catch-up, against 0.2); the buckets are the same.
+    params |= {"stride": timedelta(seconds=BUCKET_SECONDS), "origin": EPOCH}
     statement = sql.SQL(
-        "SELECT (floor(extract(epoch FROM db_timestamp) / %(width)s) * %(width)s)::bigint "
-        "AS bucket, count(*) FROM {journal} WHERE {where} "
-        "GROUP BY bucket ORDER BY bucket LIMIT %(limit)s"
+        "SELECT extract(epoch FROM b)::bigint AS bucket, n FROM ("
+        "SELECT date_bin(%(stride)s, db_timestamp, %(origin)s) AS b, count(*) AS n "
+        "FROM {journal} WHERE {where} GROUP BY b ORDER BY b LIMIT %(limit)s"
+        ") counts ORDER BY b"
     ).format(journal=table or tables.journal, where=sql.SQL(" AND ").join(where))
     return statement, params
 

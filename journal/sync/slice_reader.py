@@ -9,20 +9,19 @@ this module and its generated sync twin.
 Everything that needs a judgement lives in `by_slice.py`; this module only
 runs SQL, sleeps, and listens for wake-ups. Short (LIMIT) results are fetched
 whole and the connection is returned before any envelope is yielded; bounded
-catch-up chunks are streamed through a server-side cursor on the read pool,
+catch-up chunks are streamed (`row_stream`) on a connection of the read pool,
 which handlers never draw from, so a slow consumer cannot starve them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from collections.abc import Generator
 from datetime import datetime
 from typing import Any, TypeVar
 
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from journal.connection import driver_errors
 from journal.errors import ProtocolError
@@ -43,11 +42,12 @@ from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from
 from journal.query.source import RowSource
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
+from journal.sync import row_stream
 from journal.sync.flavour import sleep
 from journal.sync.notifications import NotificationListener, Subscription, wait_for_wakeup
+from journal.sync.row_stream import Started, chunks, start
 from journal.tables import Tables
 
-_cursor_ids = itertools.count()
 E = TypeVar("E")
 
 
@@ -131,6 +131,10 @@ class SliceReader:
             sub = None
             if live and settings.notifications and self._listener is not None:
                 sub = self._listener.subscribe(entity_type, min_slice, max_slice)
+            # Read ahead: a stream that is not live starts its next chunk's statement
+            # while it decodes this one's rows (`_Ahead`).
+            read_ahead = row_stream.STREAMING and not live
+            ahead: _Ahead | None = None
             try:
                 while True:
                     request = machine.next_request(time.monotonic())
@@ -164,13 +168,34 @@ class SliceReader:
                     else:
                         kind = "backtracking" if request.backtracking else "query"
                         registry = self._registry
-                        statement, params = source.rows(
-                            self._tables, entity_type, min_slice, max_slice, request, event_filter
-                        )
-                        batches = self._batches(statement, params, request, settings)
+                        if ahead is not None and ahead.query == request:
+                            batches = ahead.rows()
+                        else:
+                            if ahead is not None:
+                                ahead.close()
+                            statement, params = source.rows(
+                                self._tables, entity_type, min_slice, max_slice, request,
+                                event_filter,
+                            )  # fmt: skip
+                            batches = self._batches(statement, params, request, settings)
+                        ahead = None
+                        look_ahead = read_ahead
                         skip = event_filter is not None and not filtered_envelopes
                         with contextlib.closing(batches):
                             for batch in batches:
+                                if look_ahead:  # this chunk's rows are sorted: start the next
+                                    look_ahead = False
+                                    following = machine.next_chunk_if_whole(time.monotonic())
+                                    if following is not None:
+                                        statement, params = source.rows(
+                                            self._tables, entity_type, min_slice, max_slice,
+                                            following, event_filter,
+                                        )  # fmt: skip
+                                        ahead = _Ahead.start(
+                                            self._pool, following, statement, params, settings
+                                        )
+                                        # None to spare and none to come: stop asking.
+                                        read_ahead = ahead is not None or _may_grow(self._pool)
                                 for part in _parts(batch):
                                     emitted = machine.on_rows(part, time.monotonic())
                                     envelopes = list(
@@ -182,6 +207,8 @@ class SliceReader:
                                         yield envelopes
                         machine.on_rows_done(time.monotonic())
             finally:
+                if ahead is not None:
+                    ahead.close()
                 warn_if_unfinished(machine, entity_type, min_slice)
                 if sub is not None and self._listener is not None:
                     self._listener.unsubscribe(sub)
@@ -195,14 +222,11 @@ class SliceReader:
                 rows = cur.fetchall()
             yield rows
             return
-        with (
-            self._pool.connection() as conn,
-            conn.transaction(),
-            conn.cursor(name=f"slicejournal_chunk_{next(_cursor_ids)}", binary=True) as cur,
-        ):
-            cur.execute(statement, params)
-            while rows := cur.fetchmany(settings.buffer_size):
-                yield rows
+        with self._pool.connection() as conn:
+            rows = chunks(conn, statement, params, settings.buffer_size)
+            with contextlib.closing(rows):
+                for batch in rows:
+                    yield batch
 
     def _wait(self, machine: BySliceQuery, request: Wait, sub: Subscription | None) -> None:
         timeout = max(0.0, request.until - time.monotonic())
@@ -211,6 +235,78 @@ class SliceReader:
             return
         if wait_for_wakeup(sub.event, timeout):
             machine.on_notification(time.monotonic())
+
+
+class _Ahead:
+    """A chunk's statement started before the stream asks for it, on a connection of
+    its own, so the server finds and sorts its rows while the client decodes the chunk
+    before: its `rows` if the stream asks for an equal `query`, else `close`d unread.
+
+    On 2 cores the two overlap only partly (200k events: 3.55 against 3.08 µs each,
+    streamed chunks with the decoding, sequential against ahead). A stream holds at
+    most two connections of the read pool so, and takes the second only if one is
+    free at once (`AHEAD_WAIT`): a busy pool is never waited for.
+    """
+
+    __slots__ = ("_conn", "_pool", "_started", "query")
+
+    def __init__(
+        self, pool: ConnectionPool[Any], conn: Any, query: RowsQuery, started: Started
+    ) -> None:
+        self._pool = pool
+        self._conn: Any = conn
+        self._started = started
+        self.query = query
+
+    @classmethod
+    def start(
+        cls,
+        pool: ConnectionPool[Any],
+        query: RowsQuery,
+        statement: Any,
+        params: dict[str, Any],
+        settings: QuerySettings,
+    ) -> _Ahead | None:
+        try:
+            conn = pool.getconn(AHEAD_WAIT)
+        except PoolTimeout:
+            return None
+        try:
+            started = start(conn, statement, params, settings.buffer_size)
+        except BaseException:
+            pool.putconn(conn)
+            raise
+        return cls(pool, conn, query, started)
+
+    def rows(self) -> Generator[list[Any], None, None]:
+        """The chunk's rows (as `row_stream.chunks`); the connection goes back at the end."""
+        try:
+            batches = self._started.chunks()
+            with contextlib.closing(batches):
+                for batch in batches:
+                    yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Leave the statement (cancelled if it still runs) and return the connection."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            self._started.close()
+        finally:
+            self._pool.putconn(conn)
+
+
+def _may_grow(pool: ConnectionPool[Any]) -> bool:
+    """Whether the pool may still open another connection (it grows while one waits)."""
+    return int(pool.get_stats().get("pool_size", 0)) < pool.max_size
+
+
+# How long a stream waits for a second connection to read ahead with: a free one is
+# taken at once; none free, and the stream reads without (the pool may grow meanwhile).
+AHEAD_WAIT = 0.001
 
 
 def _parts(batch: list[Any]) -> list[list[Any]]:

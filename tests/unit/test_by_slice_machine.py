@@ -697,3 +697,85 @@ def test_an_exact_heartbeat_reaches_the_horizon_of_the_last_tail_query() -> None
     machine.on_rows_done(10.0)
     assert isinstance(machine.next_request(12.5), HeartbeatDue)
     assert machine.on_heartbeat(at(12.5), 12.5).timestamp == at(10.0) - timedelta(milliseconds=5)
+
+
+def _read_with_look_ahead(
+    machine: BySliceQuery, model: Model, now: float
+) -> tuple[list[tuple[str, int]], int]:
+    """Drive `machine` to its end as the driver does when it reads ahead: halfway
+    through each bounded chunk, ask for the one after it, and check that the next
+    request is that one. The events emitted, and how many chunks were known ahead."""
+    out: list[tuple[str, int]] = []
+    known_ahead = 0
+    ahead: RowsQuery | None = None
+    for _ in range(10_000):
+        req = machine.next_request(now)
+        if ahead is not None:
+            assert req == ahead, "a chunk read ahead must be the one asked for next"
+            known_ahead += 1
+        ahead = None
+        if isinstance(req, Done):
+            return out, known_ahead
+        if isinstance(req, Wait):
+            now = req.until
+        elif isinstance(req, HorizonQuery):
+            machine.on_horizon(model.horizon(now))
+        elif isinstance(req, BucketsQuery):
+            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+        elif isinstance(req, RowsQuery):
+            rows = model.rows(req, now)
+            half = len(rows) // 2
+            for i, e in enumerate(rows):
+                if i == half:
+                    ahead = machine.next_chunk_if_whole(now)
+                if machine.on_row(row(e), at(now), now) is not None:
+                    out.append((e.pid, e.seq_nr))
+            if not rows:
+                ahead = machine.next_chunk_if_whole(now)
+            if not machine.live and req.limit is None:
+                assert ahead is None or ahead.until_exclusive is not None
+            machine.on_rows_done(now)
+    raise AssertionError("the query did not end")
+
+
+def test_the_chunk_read_ahead_is_the_one_asked_for_next() -> None:
+    # 30 buckets of 25 events, buffer 10: a catch-up of many bounded chunks.
+    events = [
+        Ev("p", b * 25 + i + 1, b * BUCKET_SECONDS + i * 0.1, 0.0)
+        for b in range(30)
+        for i in range(25)
+    ]
+    end = events[-1].ts
+    machine = BySliceQuery(fast(), live=False, end=at(end), now=0.0)
+    out, known_ahead = _read_with_look_ahead(machine, Model(events), end + 1)
+    assert out == [(e.pid, e.seq_nr) for e in events]
+    assert known_ahead >= 5  # most chunks follow one another without a count between
+
+
+@given(histories())
+@settings(max_examples=200, deadline=None)
+def test_a_chunk_read_ahead_is_always_the_next_request(events: list[Ev]) -> None:
+    end = max(e.ts for e in events)
+    machine = BySliceQuery(fast(buffer_size=2), live=False, end=at(end), now=0.0)
+    out, _ = _read_with_look_ahead(machine, Model(events), end + 10)
+    assert out == [(e.pid, e.seq_nr) for e in Model(events).events]
+
+
+def test_a_live_stream_never_reads_ahead() -> None:
+    events = [Ev("p", i + 1, i * 1.0, 0.0) for i in range(300)]
+    machine = BySliceQuery(fast(), now=0.0)
+    model = Model(events)
+    now = 400.0
+    for _ in range(50):
+        req = machine.next_request(now)
+        if isinstance(req, HorizonQuery):
+            machine.on_horizon(model.horizon(now))
+        elif isinstance(req, BucketsQuery):
+            machine.on_buckets(model.buckets(req, now, machine.settings.behind_current_time))
+        elif isinstance(req, RowsQuery):
+            for e in model.rows(req, now):
+                machine.on_row(row(e), at(now), now)
+            assert machine.next_chunk_if_whole(now) is None
+            machine.on_rows_done(now)
+        else:
+            now += 1.0
