@@ -62,8 +62,13 @@ async def chunks(
 async def start(conn: AsyncConnection[Any], statement: Any, params: Any, size: int) -> Started:
     """Send `statement` now, to read its rows later (`Started.chunks`); only if `STREAMING`."""
     cur = conn.cursor(binary=True)
-    await conn.wait(cur._stream_send_gen(statement, params, binary=True, size=size))
-    return Started(conn, cur)
+    started = Started(conn, cur)
+    try:
+        await conn.wait(cur._stream_send_gen(statement, params, binary=True, size=size))
+    except BaseException:  # interrupted once sent, perhaps: leave the connection idle
+        await started.close()
+        raise
+    return started
 
 
 class Started:

@@ -192,8 +192,6 @@ class SliceReader:
                                         ahead = await _Ahead.start(
                                             self._pool, following, statement, params, settings
                                         )
-                                        # None to spare and none to come: stop asking.
-                                        read_ahead = ahead is not None or _may_grow(self._pool)
                                 for part in _parts(batch):
                                     emitted = machine.on_rows(part, time.monotonic())
                                     envelopes = list(
@@ -242,8 +240,10 @@ class _Ahead:
 
     On 2 cores the two overlap only partly (200k events: 3.55 against 3.08 µs each,
     streamed chunks with the decoding, sequential against ahead). A stream holds at
-    most two connections of the read pool so, and takes the second only if one is
-    free at once (`AHEAD_WAIT`): a busy pool is never waited for.
+    most two connections of the read pool so, and takes the second only when the
+    pool keeps room for one more request after it and nobody waits (`_room_to_spare`):
+    the read pool also serves queries by persistence id, horizon readings and counts,
+    which a stream reading ahead must never starve. It waits `AHEAD_WAIT` at most.
     """
 
     __slots__ = ("_conn", "_pool", "_started", "query")
@@ -265,9 +265,11 @@ class _Ahead:
         params: dict[str, Any],
         settings: QuerySettings,
     ) -> _Ahead | None:
+        if not _room_to_spare(pool):
+            return None
         try:
             conn = await pool.getconn(AHEAD_WAIT)
-        except PoolTimeout:
+        except PoolTimeout:  # none free: the pool opens one meanwhile, for the next chunk
             return None
         try:
             started = await start(conn, statement, params, settings.buffer_size)
@@ -297,9 +299,14 @@ class _Ahead:
             await self._pool.putconn(conn)
 
 
-def _may_grow(pool: AsyncConnectionPool[Any]) -> bool:
-    """Whether the pool may still open another connection (it grows while one waits)."""
-    return int(pool.get_stats().get("pool_size", 0)) < pool.max_size
+def _room_to_spare(pool: AsyncConnectionPool[Any]) -> bool:
+    """Whether, after one more connection is taken, the pool still has one free or may
+    open one, and no request waits for a connection."""
+    stats = pool.get_stats()
+    if stats.get("requests_waiting", 0):
+        return False
+    room = stats.get("pool_available", 0) + pool.max_size - stats.get("pool_size", 0)
+    return int(room) >= 2
 
 
 # How long a stream waits for a second connection to read ahead with: a free one is

@@ -64,8 +64,13 @@ def chunks(
 def start(conn: Connection[Any], statement: Any, params: Any, size: int) -> Started:
     """Send `statement` now, to read its rows later (`Started.chunks`); only if `STREAMING`."""
     cur = conn.cursor(binary=True)
-    conn.wait(cur._stream_send_gen(statement, params, binary=True, size=size))
-    return Started(conn, cur)
+    started = Started(conn, cur)
+    try:
+        conn.wait(cur._stream_send_gen(statement, params, binary=True, size=size))
+    except BaseException:  # interrupted once sent, perhaps: leave the connection idle
+        started.close()
+        raise
+    return started
 
 
 class Started:

@@ -9,6 +9,7 @@ every connection back to the read pool idle.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -43,6 +44,17 @@ async def _fill(pg_dsn: str, journal: Journal) -> None:
 
 def _key(e: Any) -> tuple[Any, ...]:
     return (e.persistence_id, e.seq_nr, e.db_timestamp, e.event, e.offset.timestamp)
+
+
+async def _settled(journal: Journal) -> dict[str, int]:
+    """The read pool's figures once no connection is being opened (a stream that found
+    none free to read ahead with lets the pool open one)."""
+    for _ in range(100):
+        stats = journal.read_pool.get_stats()
+        if stats.get("pool_available", 0) == stats["pool_size"]:
+            break
+        await asyncio.sleep(0.05)
+    return stats
 
 
 async def _read(journal: Journal) -> list[tuple[Any, ...]]:
@@ -82,6 +94,7 @@ async def test_streamed_chunks_read_ahead_are_the_cursor_s_chunks(
 async def test_a_stream_left_mid_chunk_cancels_its_statements_and_returns_its_connections(
     pg_dsn: str, schema: str
 ) -> None:
+    assert row_stream.STREAMING
     settings = JournalSettings(schema=schema, query=fast_query_settings(buffer_size=100))
     async with Journal.connect(pg_dsn, settings, create_schema=True) as journal:
         await _fill(pg_dsn, journal)
@@ -94,7 +107,7 @@ async def test_a_stream_left_mid_chunk_cancels_its_statements_and_returns_its_co
                     n += 1
                     if n == take:
                         break
-            stats = journal.read_pool.get_stats()
+            stats = await _settled(journal)
             assert stats.get("pool_available", 0) == stats["pool_size"], stats
             assert stats.get("returns_bad", 0) == 0, "a connection came back busy"
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
@@ -105,3 +118,29 @@ async def test_a_stream_left_mid_chunk_cancels_its_statements_and_returns_its_co
                 )
                 assert await cur.fetchone() == (0,), "a reader's statement still runs"
         assert len(await _read(journal)) == EVENTS
+
+
+@pytest.mark.timeout(120)
+async def test_reading_ahead_never_takes_the_read_pool_s_last_connection(
+    pg_dsn: str, schema: str
+) -> None:
+    # Two read connections: a paused catch-up holds one, and must leave the other to
+    # the rest of the journal's reads (here by persistence id) instead of reading ahead.
+    settings = JournalSettings(
+        schema=schema, pool_max_size=2, query=fast_query_settings(buffer_size=100)
+    )
+    async with Journal.connect(pg_dsn, settings, create_schema=True) as journal:
+        await _fill(pg_dsn, journal)
+        async with contextlib.aclosing(
+            journal.current_events_by_slices(ENTITY, 0, 1023)  # type: ignore[type-var]
+        ) as stream:
+            n = 0
+            async for _ in stream:
+                n += 1
+                if n in (1, 900, 5_000):  # in chunks that could read ahead
+                    by_id = [
+                        e.seq_nr
+                        async for e in journal.current_events_by_persistence_id(f"{ENTITY}|7")
+                    ]
+                    assert by_id == list(range(1, len(by_id) + 1)) and by_id
+        assert n == EVENTS
