@@ -65,13 +65,13 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         name: str,
         *,
         application_name: str | None = None,
-        utc: bool = False,
+        reader: bool = False,
     ) -> None:
         """`application_name` names the server sessions (the read pools' mark them as readers);
-        `utc` sets their time zone to UTC (see `_in_utc`)."""
+        `reader` configures them for the journal's reads (`_configure_reader`)."""
         super().__init__(
             dsn,
-            configure=_in_utc if utc else None,
+            configure=_configure_reader if reader else None,
             **pool_kwargs(settings, name, application_name, dsn),
         )
         self._dsn = dsn
@@ -104,8 +104,9 @@ class JournalPool(AsyncConnectionPool[AsyncConnection[Any]]):
         return _PooledConnection(self, timeout)
 
 
-async def _in_utc(conn: AsyncConnection[Any]) -> None:
-    """Set a new connection's session time zone to UTC.
+async def _configure_reader(conn: AsyncConnection[Any]) -> None:
+    """Set a new read connection's session time zone to UTC, and run its statements
+    without parallel workers.
 
     For the read pool, whose sessions run only the journal's own queries:
     psycopg converts every `timestamptz` it reads into the session's time zone,
@@ -115,8 +116,15 @@ async def _in_utc(conn: AsyncConnection[Any]) -> None:
     arrive as UTC datetimes. The journal's statements compare and subtract
     timestamps only, which no time zone changes; a user's `EventFilter.where`,
     which runs here too, is evaluated in UTC (its docstring says so).
+
+    Parallel workers: a catch-up chunk (about 8,000 rows) planned in parallel is
+    a Gather Merge of two workers' sorts, which costs the server more CPU in all
+    (worker start-up, rows passed through shared memory) to have the first row
+    sooner; a stream that is not live already hides that wait (it starts the next
+    chunk while it decodes this one), and the server's CPU is what every client of
+    the database shares. On 2 cores, 200k events: 3.7 against 3.3 µs an event.
     """
-    await conn.execute("SET TimeZone TO 'UTC'")
+    await conn.execute("SET TimeZone TO 'UTC'; SET max_parallel_workers_per_gather = 0")
 
 
 class _PooledConnection:

@@ -102,7 +102,7 @@ class SyncJournal:
         # Slice streams hold a connection while a catch-up chunk is consumed;
         # their own pool keeps them from starving writers and handlers.
         self.read_pool = SyncJournalPool(
-            dsn, settings, f"{POOL_NAME}-read", application_name=READER_APPLICATION, utc=True
+            dsn, settings, f"{POOL_NAME}-read", application_name=READER_APPLICATION, reader=True
         )
         channel = self.tables.notify_channel
         self._notifier = Notifier(channel, self._connect) if settings.notify else None

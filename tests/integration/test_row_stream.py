@@ -144,3 +144,17 @@ async def test_reading_ahead_never_takes_the_read_pool_s_last_connection(
                     ]
                     assert by_id == list(range(1, len(by_id) + 1)) and by_id
         assert n == EVENTS
+
+
+@pytest.mark.timeout(60)
+async def test_read_sessions_run_in_utc_without_parallel_workers(journal: Journal) -> None:
+    # A chunk's parallel plan costs the server more CPU for a sooner first row, which a
+    # stream reading ahead does not wait for (`journal.aio.pool._configure_reader`).
+    async with journal.read_pool.connection() as conn:
+        cur = await conn.execute("SELECT current_setting('max_parallel_workers_per_gather')")
+        assert await cur.fetchone() == ("0",)
+        cur = await conn.execute("SELECT current_setting('TimeZone')")
+        assert await cur.fetchone() == ("UTC",)
+    async with journal.pool.connection() as conn:  # the write pool keeps the server's
+        cur = await conn.execute("SELECT current_setting('max_parallel_workers_per_gather')")
+        assert await cur.fetchone() != ("0",)
