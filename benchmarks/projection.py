@@ -17,6 +17,9 @@ decoded payload.
   columns> ... WHERE entity_type = .. AND slice BETWEEN .. ORDER BY db_timestamp,
   seq_nr` (fetchall), and a second one inserts the rows in batches of 20, one
   transaction (`conn.transaction()`) per batch, `json.loads` per payload.
+- raw+offsets: raw, and in each batch's transaction a second INSERT of the batch's
+  offset rows (one per event, into the offset table, as an exactly-once projection
+  stores them): the floor of an exactly-once projection, psycopg alone.
 - projection: a `ProjectionGroup` of 4 `Projection.grouped` instances
   (`group_after_envelopes=20`, other settings default) whose handler runs that
   INSERT in the runner's transaction (which also stores the offsets). Timed from
@@ -97,8 +100,10 @@ POLL = 0.005
 COLUMN = {"pid": 0, "slice": 2, "seq_nr": 3, "db_timestamp": 4, "ser_id": 7, "payload": 12}
 
 RAW = "raw"
+RAW_OFFSETS = "raw+offsets"
 PROJECTION = "projection"
-VARIANTS = (RAW, PROJECTION)
+VARIANTS = (RAW, RAW_OFFSETS, PROJECTION)
+OFFSETS_NAME = "bench-raw-offsets"  # the raw+offsets variant's rows in the offset table
 
 
 @dataclass(frozen=True)
@@ -161,9 +166,26 @@ def row_params(rows: list[Any]) -> tuple[list[Any], ...]:
 # -- catch-up: raw ---------------------------------------------------------------------------
 
 
-async def run_raw(dsn: str, tables: Tables, target: sql.Identifier, expected: int) -> Run:
+def offsets_statement(table: sql.Identifier) -> sql.Composed:
+    """The raw+offsets variant's second statement per batch: one offset row per event,
+    as an exactly-once projection stores them (the offset table's columns and keys)."""
+    return sql.SQL(
+        "INSERT INTO {} (projection_name, projection_key, slice, persistence_id, seq_nr, "
+        "timestamp_offset, timestamp_consumed) "
+        "SELECT %s, %s, s, p, n, t, transaction_timestamp() "
+        "FROM unnest(%s::int[], %s::text[], %s::bigint[], %s::timestamptz[]) AS u(s, p, n, t)"
+    ).format(table)
+
+
+async def run_raw(
+    dsn: str, tables: Tables, target: sql.Identifier, expected: int, *, offsets: bool = False
+) -> Run:
+    """Read each range, insert its rows in batches of GROUP, a transaction each; with
+    `offsets`, each transaction also inserts the batch's offset rows (the floor of an
+    exactly-once projection: its two statements, without the library)."""
     select = slice_select(tables)
     insert = insert_statement(target)
+    store = offsets_statement(ProjectionTables(tables).offset_store)
     ranges = slice_ranges(INSTANCES)
     readers = [await AsyncConnection.connect(dsn, autocommit=True) for _ in ranges]
     writers = [await AsyncConnection.connect(dsn, autocommit=True) for _ in ranges]
@@ -175,7 +197,12 @@ async def run_raw(dsn: str, tables: Tables, target: sql.Identifier, expected: in
         rows = await cur.fetchall()
         for i in range(0, len(rows), GROUP):
             async with writer.transaction():
-                await writer.execute(insert, row_params(rows[i : i + GROUP]))
+                params = row_params(rows[i : i + GROUP])
+                await writer.execute(insert, params)
+                if offsets:
+                    key = f"{r.min_slice}-{r.max_slice}"
+                    pids, seq_nrs, slices, stamps, _ = params
+                    await writer.execute(store, (OFFSETS_NAME, key, slices, pids, seq_nrs, stamps))
             transactions += 1
         return len(rows)
 
@@ -304,8 +331,10 @@ async def catch_up(dsn: str, config: Config) -> dict[str, list[Run]]:
                         offsets = ProjectionTables(tables).offset_store
                         await c.execute(sql.SQL("TRUNCATE {}").format(offsets))
                     await checkpoint(dsn)
-                    if variant == RAW:
-                        run = await run_raw(dsn, tables, target, total)
+                    if variant in (RAW, RAW_OFFSETS):
+                        run = await run_raw(
+                            dsn, tables, target, total, offsets=variant == RAW_OFFSETS
+                        )
                     else:
                         name = f"bench-{round_}"
                         run = await run_projection(journal, name, target, total)
@@ -344,6 +373,11 @@ def print_catch_up(results: dict[str, list[Run]]) -> float:
         p.per_second / r.per_second for p, r in zip(results[PROJECTION], results[RAW], strict=True)
     ]
     print(f"per round projection/raw: {', '.join(map(format_ratio, paired))}")
+    floor = best(rates[RAW_OFFSETS])
+    print(
+        f"the exactly-once floor: raw+offsets/raw {format_ratio(floor / raw)}; "
+        f"projection/(raw+offsets) {format_ratio(best(rates[PROJECTION]) / floor)}"
+    )
     return best(rates[PROJECTION]) / raw
 
 
@@ -509,7 +543,8 @@ async def main_async(config: Config, dsn_arg: str | None) -> int:
         print()
         ratio = print_catch_up(results)
         print(
-            f"both: one INSERT ... SELECT * FROM unnest(5 arrays) per batch of <= {GROUP} rows.\n"
+            f"all: one INSERT ... SELECT * FROM unnest(5 arrays) per batch of <= {GROUP} rows; "
+            "raw+offsets and projection also one INSERT of the batch's offset rows.\n"
             f"goal projection/raw >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'} "
             f"({format_ratio(ratio)})"
         )
