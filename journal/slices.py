@@ -10,7 +10,9 @@ instances only regroups slices, it never moves an event to another slice.
 from __future__ import annotations
 
 import functools
+import operator
 import re
+import sys
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -28,12 +30,32 @@ _BAD_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def java_string_hash(value: str) -> int:
-    """Java's `String.hashCode`: 31·h + c over UTF-16 code units, as signed 32 bits."""
-    h = 0
-    data = value.encode("utf-16-be", "surrogatepass")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    """Java's `String.hashCode`: 31·h + c over UTF-16 code units, as signed 32 bits.
+
+    Unrolled, that is the sum of each unit times 31 to the power of the units after
+    it, modulo 2**32: one `map` over the units, newest first, and the powers, in C
+    (a 40-character id: 1.3 against 6 µs for the loop, which every append of an id
+    not seen lately pays).
+    """
+    units: bytes | memoryview
+    if value.isascii():  # one byte a unit
+        units = value.encode("ascii")
+    else:
+        units = memoryview(value.encode(_UTF16_NATIVE, "surrogatepass")).cast("H")
+    if len(units) > len(_POWERS_OF_31):
+        _extend_powers(len(units))
+    h: int = sum(map(operator.mul, reversed(units), _POWERS_OF_31)) & 0xFFFFFFFF
     return h - 0x1_0000_0000 if h & 0x8000_0000 else h
+
+
+# 31**k modulo 2**32, for k up to the units of the longest id (a 255-character id has
+# up to 510 units); `_extend_powers` grows it for a longer string.
+_POWERS_OF_31 = [pow(31, k, 1 << 32) for k in range(2 * MAX_PERSISTENCE_ID_LENGTH)]
+_UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+
+
+def _extend_powers(units: int) -> None:
+    _POWERS_OF_31.extend(pow(31, k, 1 << 32) for k in range(len(_POWERS_OF_31), units))
 
 
 # Cached: a live aggregate appends to the same id again and again, and the

@@ -28,7 +28,7 @@ import attrs
 from psycopg import pq, sql
 
 from journal.errors import InvalidArgument, SerializationError
-from journal.model import EventEnvelope, SerializedPayload
+from journal.model import EventEnvelope, SerializedPayload, new_envelope
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables, rendered
@@ -308,20 +308,25 @@ def appended_envelopes(
     seq_nr = batch.expected_seq_nr
     tags = batch.tags
     metadata = batch.metadata
+    # `new_envelope`: positional, without the keyword constructor's defaults (0.3
+    # against 1.4 µs an envelope).
     return [
-        EventEnvelope(
-            persistence_id=pid,
-            entity_type=entity_type,
-            slice=slice_,
-            seq_nr=seq_nr + i,
-            db_timestamp=stored_at,
-            event=event,
-            serializer_id=payload.serializer_id,
-            serializer_manifest=payload.manifest,
-            tags=tags,
-            metadata=metadata,
-            writer=writer_id,
-            source="append",
+        new_envelope(
+            pid,
+            entity_type,
+            slice_,
+            seq_nr + i,
+            stored_at,
+            event,
+            payload.serializer_id,
+            payload.manifest,
+            tags,
+            metadata,
+            writer_id,
+            None,
+            "append",
+            None,
+            False,
         )
         for i, (event, payload) in enumerate(
             zip(batch.events, batch.payloads, strict=True), start=1
