@@ -162,7 +162,8 @@ class JournalSettings:
     durable_state_table: str = attrs.field(default="durable_state", validator=_identifier)
     # Of each of the journal's two pools (writes, reads). A query that is not live
     # (`current_events_by_slices`) takes a second read connection to start its next
-    # catch-up chunk early, only while the read pool keeps room for one more request.
+    # catch-up chunk early, only while the read pool keeps room for one more request
+    # (so never with `pool_max_size` 2 or less).
     pool_min_size: int = attrs.field(default=1, validator=_positive_int)
     pool_max_size: int = attrs.field(default=10, validator=_positive_int)
     writer_id: str = attrs.field(factory=_default_writer)

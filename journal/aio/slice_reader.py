@@ -243,7 +243,9 @@ class _Ahead:
     most two connections of the read pool so, and takes the second only when the
     pool keeps room for one more request after it and nobody waits (`_room_to_spare`):
     the read pool also serves queries by persistence id, horizon readings and counts,
-    which a stream reading ahead must never starve. It waits `AHEAD_WAIT` at most.
+    which a stream reading ahead must never starve. It waits `AHEAD_WAIT` at most;
+    when none is free but the pool may grow, that wait fails (the pool's stats count
+    it among `requests_errors`) and the pool opens one for the next chunk.
     """
 
     __slots__ = ("_conn", "_pool", "_started", "query")

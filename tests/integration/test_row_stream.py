@@ -156,5 +156,8 @@ async def test_read_sessions_run_in_utc_without_parallel_workers(journal: Journa
         cur = await conn.execute("SELECT current_setting('TimeZone')")
         assert await cur.fetchone() == ("UTC",)
     async with journal.pool.connection() as conn:  # the write pool keeps the server's
-        cur = await conn.execute("SELECT current_setting('max_parallel_workers_per_gather')")
-        assert await cur.fetchone() != ("0",)
+        cur = await conn.execute(
+            "SELECT current_setting('max_parallel_workers_per_gather') = "
+            "(SELECT reset_val FROM pg_settings WHERE name = 'max_parallel_workers_per_gather')"
+        )
+        assert await cur.fetchone() == (True,)
