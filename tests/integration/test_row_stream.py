@@ -66,7 +66,10 @@ async def test_streamed_chunks_read_ahead_are_the_cursor_s_chunks(
     pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert row_stream.STREAMING, "the installed psycopg and libpq stream chunks"
-    settings = JournalSettings(schema=schema, query=fast_query_settings(buffer_size=100))
+    # Read connections open from the start: reading ahead does not wait for the pool to grow.
+    settings = JournalSettings(
+        schema=schema, pool_min_size=3, query=fast_query_settings(buffer_size=100)
+    )
     async with Journal.connect(pg_dsn, settings, create_schema=True) as journal:
         await _fill(pg_dsn, journal)
         read_ahead = 0
@@ -95,7 +98,10 @@ async def test_a_stream_left_mid_chunk_cancels_its_statements_and_returns_its_co
     pg_dsn: str, schema: str
 ) -> None:
     assert row_stream.STREAMING
-    settings = JournalSettings(schema=schema, query=fast_query_settings(buffer_size=100))
+    # Read connections open from the start: reading ahead does not wait for the pool to grow.
+    settings = JournalSettings(
+        schema=schema, pool_min_size=3, query=fast_query_settings(buffer_size=100)
+    )
     async with Journal.connect(pg_dsn, settings, create_schema=True) as journal:
         await _fill(pg_dsn, journal)
         for take in (1, 150, 2_500):  # in the first chunk, its second batch, further on
