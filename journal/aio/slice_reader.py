@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -41,7 +41,7 @@ from journal.query.by_slice import (
     warn_if_unfinished,
 )
 from journal.query.horizon import READER_APPLICATION, BlindWarning, horizon_from_row
-from journal.query.source import RowSource
+from journal.query.source import RowSource, Statement
 from journal.serialization import SerializerRegistry
 from journal.settings import QuerySettings
 from journal.tables import Tables
@@ -133,6 +133,12 @@ class SliceReader:
             # while it decodes this one's rows (`_Ahead`).
             read_ahead = row_stream.STREAMING and not live
             ahead: _Ahead | None = None
+
+            def rows_statement(query: RowsQuery) -> Statement:
+                return source.rows(
+                    self._tables, entity_type, min_slice, max_slice, query, event_filter
+                )
+
             try:
                 while True:
                     request = machine.next_request(time.monotonic())
@@ -171,10 +177,7 @@ class SliceReader:
                         else:
                             if ahead is not None:
                                 await ahead.close()
-                            statement, params = source.rows(
-                                self._tables, entity_type, min_slice, max_slice, request,
-                                event_filter,
-                            )  # fmt: skip
+                            statement, params = rows_statement(request)
                             batches = self._batches(statement, params, request, settings)
                         ahead = None
                         look_ahead = read_ahead
@@ -183,15 +186,9 @@ class SliceReader:
                             async for batch in batches:
                                 if look_ahead:  # this chunk's rows are sorted: start the next
                                     look_ahead = False
-                                    following = machine.next_chunk_if_whole(time.monotonic())
-                                    if following is not None:
-                                        statement, params = source.rows(
-                                            self._tables, entity_type, min_slice, max_slice,
-                                            following, event_filter,
-                                        )  # fmt: skip
-                                        ahead = await _Ahead.start(
-                                            self._pool, following, statement, params, settings
-                                        )
+                                    ahead = await self._read_ahead(
+                                        machine, rows_statement, settings
+                                    )
                                 for part in _parts(batch):
                                     emitted = machine.on_rows(part, time.monotonic())
                                     envelopes = list(
@@ -223,6 +220,20 @@ class SliceReader:
             async with contextlib.aclosing(rows):
                 async for batch in rows:
                     yield batch
+
+    async def _read_ahead(
+        self,
+        machine: BySliceQuery,
+        rows_statement: Callable[[RowsQuery], Statement],
+        settings: QuerySettings,
+    ) -> _Ahead | None:
+        """The chunk after the one being read, started (`_Ahead`) if the machine knows it
+        and the read pool has a connection to spare."""
+        following = machine.next_chunk_if_whole(time.monotonic())
+        if following is None:
+            return None
+        statement, params = rows_statement(following)
+        return await _Ahead.start(self._pool, following, statement, params, settings)
 
     async def _wait(self, machine: BySliceQuery, request: Wait, sub: Subscription | None) -> None:
         timeout = max(0.0, request.until - time.monotonic())

@@ -281,20 +281,21 @@ def slice_buckets(
         "min_slice": min_slice,
         "max_slice": max_slice,
         "limit": query.limit,
-        "width": BUCKET_SECONDS,
+        # Buckets by `date_bin`, and the epoch seconds once per bucket: `extract(epoch
+        # ...)` is numeric arithmetic, and per row it made the count three times slower
+        # (200k rows: 0.62 us an event of a catch-up, against 0.25); the same buckets.
+        "stride": timedelta(seconds=BUCKET_SECONDS),
+        "origin": EPOCH,
     }
     if query.to_inclusive is None:
+        # Complete buckets only: below the start of the bucket the clock is in.
         where.append(
             sql.SQL(
-                "db_timestamp < to_timestamp(floor(extract(epoch FROM "
-                "transaction_timestamp() - %(behind)s::interval) / %(width)s) * %(width)s)"
+                "db_timestamp < date_bin(%(stride)s, "
+                "transaction_timestamp() - %(behind)s::interval, %(origin)s)"
             )
         )
         params["behind"] = behind
-    # `date_bin` per row, the epoch seconds per bucket: `extract(epoch ...)` is numeric
-    # arithmetic, and per row it made the count three times slower (200k rows: 0.62 us
-    # an event of a catch-up, against 0.2); the buckets are the same.
-    params |= {"stride": timedelta(seconds=BUCKET_SECONDS), "origin": EPOCH}
     statement = sql.SQL(
         "SELECT extract(epoch FROM b)::bigint AS bucket, n FROM ("
         "SELECT date_bin(%(stride)s, db_timestamp, %(origin)s) AS b, count(*) AS n "
