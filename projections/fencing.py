@@ -16,8 +16,15 @@ starts with the idle limit (`Fence.begin()`: BEGIN and the setting in one query;
 most the lease TTL, so a worker frozen mid-batch has its transaction (and the
 read-model rows it locked) ended by the server instead of holding the next
 owner up. The server arms that timeout only when a statement ends with a Sync,
-so a fenced transaction is never pipelined; it saves its waits by sending fewer
-statements instead (the fence and the offset rows in one, `OffsetSql.save`).
+so on a server without a bound on the whole transaction a fenced transaction is
+not pipelined; it saves its waits by sending fewer statements instead (the fence
+and the offset rows in one, `OffsetSql.save`). PostgreSQL 17 added that bound,
+`transaction_timeout`, which the server enforces while it waits for the next
+message of a pipeline too. There (`bounds_whole_transactions`) a fenced batch is
+pipelined like any other, BEGIN to COMMIT with one wait, and starts with
+`Fence.transaction_limit()`: the whole transaction may last at most the lease TTL,
+wherever its worker freezes. A batch that needs longer is ended by the server;
+the runner then runs that instance's batches synced, as above.
 
 Without a fence the offset rows themselves still guard against doubles: event
 rows are inserted without `ON CONFLICT`, so a second instance storing the same
@@ -77,6 +84,30 @@ class Fence:
         row locks held) cannot block the range's next owner for long."""
         query = sql.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
         return query, (str(self.idle_timeout_ms),)
+
+    def transaction_limit(self) -> tuple[sql.SQL, dict[str, object]]:
+        """The first statement after BEGIN of a pipelined fenced batch (only where
+        `bounds_whole_transactions`): the server ends the transaction once it has lasted
+        the TTL, whether it waits for a Sync or for the rest of a pipeline, so a worker
+        frozen anywhere in the batch holds its locks for at most that long."""
+        return _TRANSACTION_LIMIT, {"ms": str(self.idle_timeout_ms)}
+
+
+def bounds_whole_transactions(server_version: int) -> bool:
+    """Whether the server has `transaction_timeout` (PostgreSQL 17 and later), which
+    ends a transaction that lasts too long even while the server waits for the next
+    message of a pipeline (`idle_in_transaction_session_timeout` waits for a Sync)."""
+    return server_version >= _TRANSACTION_TIMEOUT_SINCE
+
+
+_TRANSACTION_TIMEOUT_SINCE = 170000
+# Zero first: the server starts the timer when the setting turns positive inside a
+# transaction, and keeps a timer already running (a server-wide default) as it is.
+_TRANSACTION_LIMIT = sql.SQL(
+    "SELECT set_config('transaction_timeout', '0', true), "
+    "set_config('transaction_timeout', %(ms)s, true), "
+    "set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
+)
 
 
 @functools.cache

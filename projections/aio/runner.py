@@ -93,7 +93,7 @@ from projections.core import (
     wanted,
 )
 from projections.errors import ProjectionError
-from projections.fencing import Fence, offset_error
+from projections.fencing import Fence, bounds_whole_transactions, offset_error
 from projections.management_sql import ManagementSql
 from projections.names import check_handler_flavour, check_instance
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
@@ -258,6 +258,8 @@ class Projection:
         )
         self._was_paused = False
         self._fence: Fence | None = None
+        # A fenced batch outlived the lease TTL: its batches are synced from then on.
+        self._synced_fence = False
         # None: the process's telemetry (`use_telemetry`) when a run starts.
         self._telemetry = telemetry
         self._tel: InstanceTelemetry = NO_INSTANCE_TELEMETRY
@@ -764,25 +766,59 @@ class Projection:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
         handled = wanted(envelopes)
-        async with self.journal.pool.connection() as conn, self._round_trips(conn):
-            if self.mode is Mode.GROUPED:
-                if handled:
-                    await self._handler(conn, handled)
-            else:
-                for env in handled:
-                    await self._handler(conn, env)
-            if self._fence is not None and conn.info.transaction_status != _IN_TRANSACTION:
-                # Its offsets would be stored outside the handler's transaction.
-                raise ProjectionError(
-                    "the handler ended the batch's transaction itself (commit or rollback); "
-                    "the runner commits the handler's writes with the offsets"
-                )
-            await self._dao.save(conn, self.key, commit.records, self._fence)
+        began = time.monotonic()
+        pipelined = False
+        try:
+            async with self.journal.pool.connection() as conn:
+                pipelined = self._pipelines(conn)
+                async with self._round_trips(conn, pipelined):
+                    if self.mode is Mode.GROUPED:
+                        if handled:
+                            await self._handler(conn, handled)
+                    else:
+                        for env in handled:
+                            await self._handler(conn, env)
+                    if self._fence is not None and _ended_by_handler(conn, pipelined):
+                        # Its offsets would be stored outside the handler's transaction.
+                        raise ProjectionError(
+                            "the handler ended the batch's transaction itself (commit or "
+                            "rollback); the runner commits the handler's writes with the offsets"
+                        )
+                    unchecked = await self._dao.save(conn, self.key, commit.records, self._fence)
+            for written in unchecked:  # the pipeline's results are in
+                written.check()
+        except psycopg.OperationalError:
+            fence = self._fence
+            if not pipelined or fence is None:
+                raise
+            if time.monotonic() - began < fence.idle_timeout_ms / 1000:
+                raise
+            # The server ended a batch that outlived the lease TTL (`transaction_limit`):
+            # this instance's batches wait for every statement from now on, which bounds
+            # only the time a batch sits idle, and this one runs again (it was rolled back).
+            self._synced_fence = True
+            _log.warning(
+                "projection %s %s: a batch took longer than the lease TTL (%d ms); its "
+                "batches are no longer pipelined",
+                self.name,
+                self.key,
+                fence.idle_timeout_ms,
+                extra=self._extra("fence_synced"),
+            )
+            await self._call_in_transaction(commit, envelopes)
+
+    def _pipelines(self, conn: AsyncConnection[Any]) -> bool:
+        """Whether this batch is pipelined: always without a fence; with one, where the
+        server bounds the whole transaction and no batch of this instance outlived it."""
+        if self._fence is None:
+            return True
+        return not self._synced_fence and bounds_whole_transactions(conn.info.server_version)
 
     def _round_trips(
-        self, conn: AsyncConnection[Any]
+        self, conn: AsyncConnection[Any], pipelined: bool
     ) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The handler transaction's context: pipelined unless fenced.
+        """The handler transaction's context: pipelined, or synced for a fence on a server
+        that cannot bound the whole transaction.
 
         Pipeline mode sends BEGIN, the handler's statements, the offsets and
         COMMIT without waiting for each reply. But the server arms
@@ -790,11 +826,17 @@ class Projection:
         has none before COMMIT: a fleet worker frozen mid-batch would keep its
         read-model row locks, and after the fence its lease row, locked until
         it resumed, and the range's next owner could never claim it. A fenced
-        transaction therefore syncs every statement (`_fenced_transaction`).
+        transaction is therefore pipelined only under `transaction_timeout`
+        (PostgreSQL 17 and later: `Fence.transaction_limit`), which the server
+        enforces while it waits for the rest of a pipeline; elsewhere it syncs
+        every statement (`_fenced_transaction`).
         """
-        if self._fence is not None:
-            return _fenced_transaction(conn, self._fence)
-        return _pipelined_transaction(conn)
+        fence = self._fence
+        if fence is None:
+            return _pipelined_transaction(conn)
+        if pipelined:
+            return _pipelined_transaction(conn, fence.transaction_limit())
+        return _fenced_transaction(conn, fence)
 
     def _raise_offset_failure(self, error: Exception) -> None:
         """A lost lease or an offset conflict ends the instance at once: no retry can help."""
@@ -908,9 +950,23 @@ async def check_pools(journal: Journal) -> None:
             await pool.check()
 
 
+def _ended_by_handler(conn: AsyncConnection[Any], pipelined: bool) -> bool:
+    """Whether the handler committed or rolled back the batch's transaction itself.
+
+    In a pipeline the transaction is seen as active until its results are read, and
+    as idle only once a handler's commit or rollback has synced it."""
+    status = conn.info.transaction_status
+    if pipelined:
+        return status == TransactionStatus.IDLE
+    return status != _IN_TRANSACTION
+
+
 @contextlib.asynccontextmanager
-async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
-    """BEGIN, the block's statements and COMMIT sent as one pipeline, with one Sync.
+async def _pipelined_transaction(
+    conn: AsyncConnection[Any], limit: tuple[Any, Any] | None = None
+) -> AsyncIterator[None]:
+    """BEGIN, `limit` (a statement), the block's statements and COMMIT sent as one
+    pipeline, with one Sync.
 
     psycopg's `transaction()` inside a pipeline opens two nested pipelines and
     syncs at the end of each: three waits for the server per batch instead of
@@ -924,6 +980,8 @@ async def _pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[No
     try:
         async with conn.pipeline() as pipeline:
             await conn.execute("BEGIN")
+            if limit is not None:
+                await conn.execute(*limit)
             try:
                 yield
                 # A statement that failed on the server may surface only here, when

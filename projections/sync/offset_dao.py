@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import attrs
 import psycopg
 from psycopg import Connection, RawCursor
 
@@ -42,6 +43,22 @@ from projections.tables import ProjectionTables
 _log = logging.getLogger("slicejournal.projections.offsets")
 
 
+@attrs.frozen
+class Written:
+    """A statement that must write `rows` rows (the fenced insert of offset rows: a fence
+    that returned no row would otherwise insert nothing and commit without an error)."""
+
+    cursor: Any
+    rows: int
+
+    def check(self) -> None:
+        """Raise `ProtocolError` unless the statement wrote exactly its rows."""
+        if self.cursor.rowcount != self.rows:
+            raise ProtocolError(
+                f"the offset store wrote {self.cursor.rowcount} row(s) where it had {self.rows}"
+            )
+
+
 class OffsetDao:
     """Executes offset store statements for one projection name (sync driver)."""
 
@@ -49,16 +66,25 @@ class OffsetDao:
         self.name = projection_name
         self.sql = OffsetSql(tables, projection_name)
 
-    def _run(self, conn: Connection[Any], statement: Statement) -> int:
+    def _run(
+        self,
+        conn: Connection[Any],
+        statement: Statement,
+        unchecked: list[Written] | None = None,
+    ) -> int:
+        """Execute `statement`; the rows it must write are checked now, or, in a pipeline
+        whose results are not in yet, added to `unchecked` (`Written.check` them after)."""
         if statement.raw:
             cur: Any = RawCursor(conn)
             cur.execute(statement.query, statement.params)
         else:
             cur = conn.execute(statement.query, statement.params)
-        if statement.rows is not None and cur.rowcount != statement.rows:
-            raise ProtocolError(
-                f"the offset store wrote {cur.rowcount} row(s) where it had {statement.rows}"
-            )
+        if statement.rows is not None:
+            written = Written(cur, statement.rows)
+            if cur.rowcount < 0 and unchecked is not None:  # pipelined: no result yet
+                unchecked.append(written)
+            else:
+                written.check()
         return int(cur.rowcount)
 
     def load(self, conn: Connection[Any], slices: SliceRange) -> list[Record]:
@@ -72,10 +98,15 @@ class OffsetDao:
         key: str,
         records: Sequence[Record],
         fence: Fence | None = None,
-    ) -> None:
-        """Insert event records and progress markers (replacing older markers of those slices)."""
+    ) -> list[Written]:
+        """Insert event records and progress markers (replacing older markers of those slices).
+
+        Returns the statements whose rows could not be counted yet (in a pipeline):
+        `Written.check` each once its results are in, after the pipeline's Sync."""
+        unchecked: list[Written] = []
         for statement in self.sql.save(key, records, fence):
-            self._run(conn, statement)
+            self._run(conn, statement, unchecked)
+        return unchecked
 
     def cleanup(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.pq import PipelineStatus
 
 from journal import Journal, SliceRange
 from projections import (
@@ -315,3 +316,77 @@ async def test_a_fenced_handler_that_commits_itself_fails_its_batch(journal: Jou
         )
     assert "ended the batch's transaction itself" in f"{failed.value} {failed.value.__cause__}"
     assert await fetch_offsets(journal) == 0, "offsets stored outside the handler's transaction"
+
+
+async def _server_version(journal: Journal) -> int:
+    async with journal.pool.connection() as conn:
+        return conn.info.server_version
+
+
+async def _run_until_applied(
+    journal: Journal, projection: Projection, fence: Fence, appends: int
+) -> None:
+    """Run the fenced instance while `appends` single events are appended one after
+    another, each applied before the next; then stop it and check each applied once."""
+    run = asyncio.create_task(run_fenced(projection, fence))
+    try:
+        for n in range(appends):
+            await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=n)
+            await asyncio.wait_for(bank.wait_until_projected(journal), 30)
+    finally:
+        run.cancel()
+        with contextlib.suppress(BaseException):
+            await run
+    await bank.assert_applied_exactly_once(journal)
+    assert await fetch_offsets(journal) == appends
+
+
+@pytest.mark.timeout(60)
+async def test_fenced_batches_are_pipelined_where_the_server_bounds_whole_transactions(
+    journal: Journal,
+) -> None:
+    """On PostgreSQL 17 and later (`transaction_timeout`) a fenced batch is sent BEGIN to
+    COMMIT as one pipeline, as an unfenced one is; on older servers every statement
+    waits for the server (its idle limit is armed only at a Sync)."""
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    inner = bank.make_grouped_handler(journal)
+    modes: list[PipelineStatus] = []
+
+    async def handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        modes.append(conn.info.pipeline_status)
+        await inner(conn, envs)
+
+    epoch = await claim(journal, everything, "me")
+    fence = Fence("balances", everything, "me", epoch, 60_000)
+    await _run_until_applied(journal, whole_grouped(journal, handler, group_after=1), fence, 3)
+    pipelined = await _server_version(journal) >= 170000
+    assert set(modes) == {PipelineStatus.ON if pipelined else PipelineStatus.OFF}, modes
+
+
+@pytest.mark.timeout(60)
+async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
+    journal: Journal,
+) -> None:
+    """The server ends a pipelined fenced batch once it has lasted the lease TTL (its
+    worker might be frozen). A batch that really needs longer runs again at once, with
+    every statement synced (the idle limit only), and so do the instance's later ones:
+    each event is applied exactly once."""
+    if await _server_version(journal) < 170000:
+        pytest.skip("fenced batches are pipelined on PostgreSQL 17 and later only")
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    inner = bank.make_grouped_handler(journal)
+    modes: list[PipelineStatus] = []
+
+    async def slow_once(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        modes.append(conn.info.pipeline_status)
+        await inner(conn, envs)
+        if len(modes) == 1:
+            await asyncio.sleep(1.5)  # past the TTL: the server ends the transaction
+
+    epoch = await claim(journal, everything, "me")
+    fence = Fence("balances", everything, "me", epoch, 1_000)
+    await _run_until_applied(journal, whole_grouped(journal, slow_once, group_after=1), fence, 3)
+    assert modes[0] == PipelineStatus.ON
+    assert modes[1:] and set(modes[1:]) == {PipelineStatus.OFF}, modes
