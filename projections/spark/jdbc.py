@@ -86,13 +86,21 @@ _BINARY_ROWS = {"prepareThreshold": "-1"}
 
 
 def read_events(
-    spark: SparkSession, options: Mapping[str, str], *, executor: ReadExecutor = "auto"
+    spark: SparkSession,
+    options: Mapping[str, str],
+    *,
+    executor: ReadExecutor = "auto",
+    jdbc_properties: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """A batch read of the journal's events, with the `slicejournal` source's options
     and schema, executed by Spark's JDBC source where it can be (see the module).
 
     `executor="jdbc"` raises `SourceOptionError` (saying why) where JDBC cannot run
-    the read; `"source"` always uses the `slicejournal` data source. Raises
+    the read; `"source"` always uses the `slicejournal` data source.
+    `jdbc_properties` are PostgreSQL JDBC driver properties for the partitions'
+    connections, applied last: e.g. `{"prepareThreshold": "5"}` behind a
+    connection pooler without prepared statements (the read asks for `-1`, rows in
+    the binary format), or TLS settings the DSN does not carry. Raises
     `SourceOptionError` for bad options and `SchemaNotInitialized` /
     `ConnectionFailed` as the source does, before Spark reads anything.
     """
@@ -100,6 +108,12 @@ def read_events(
         raise SourceOptionError(
             f"read_events: executor must be 'auto', 'jdbc' or 'source', got {executor!r}"
         )
+    extra = dict(jdbc_properties or {})
+    for name, value in extra.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise SourceOptionError(
+                f"read_events: jdbc_properties must map str to str, got {name!r}: {value!r}"
+            )
     parsed = parse_options(options)
     why_not = "asked for the source" if executor == "source" else _jdbc_unsupported(parsed)
     if why_not is not None:
@@ -107,7 +121,7 @@ def read_events(
             raise SourceOptionError(f"read_events: Spark's JDBC source cannot run it: {why_not}")
         return _source(spark, options, why_not)
     try:
-        frame = _jdbc_frame(spark, parsed)
+        frame = _jdbc_frame(spark, parsed, extra)
         frame.schema  # noqa: B018 - the JDBC source connects (and loads its driver) by now
     except Exception as e:
         if not _driver_missing(e):
@@ -198,10 +212,11 @@ def _jdbc_url(info: ConnectionInfo, dsn: Mapping[str, Any]) -> tuple[str, dict[s
     return url, properties
 
 
-def _jdbc_frame(spark: SparkSession, options: SourceOptions) -> DataFrame:
+def _jdbc_frame(spark: SparkSession, options: SourceOptions, extra: Mapping[str, str]) -> DataFrame:
     statement, url, properties = _jdbc_plan(options)
     properties |= _BINARY_ROWS
     properties["fetchsize"] = str(options.batch_rows)
+    properties |= extra
     predicates = [
         f"slice BETWEEN {r.min_slice} AND {r.max_slice}" for r in options.partition_ranges()
     ]
@@ -220,16 +235,17 @@ def _jdbc_frame(spark: SparkSession, options: SourceOptions) -> DataFrame:
 def _columns(entity_type: str) -> list[Any]:
     """The source's columns (`SCHEMA_DDL`) from the partition statement's (`_OUTER`): a
     JSON payload's UTF-8 bytes as text in `event` (a cast, no copy through a Java
-    string), any other payload in `event_bytes`, metadata as text, no tags an empty list."""
+    string; bytes that are not UTF-8 fail the read, as the source's do), any other
+    payload in `event_bytes`, metadata as text, no tags an empty list."""
     from pyspark.sql import functions as f
 
     json = f.col("ser_id") == JSON_SERIALIZER_ID
     computed = {
         "entity_type": f.lit(entity_type),
-        "event": f.when(json, f.col("payload").cast("string")),
+        "event": f.when(json, f.validate_utf8(f.col("payload").cast("string"))),
         "event_bytes": f.when(~json, f.col("payload")),
         "tags": f.coalesce(f.col("tags"), f.array().cast("array<string>")),
-        "metadata": f.col("metadata").cast("string"),
+        "metadata": f.validate_utf8(f.col("metadata").cast("string")),
     }
     columns: list[Any] = []
     for field in SCHEMA_DDL.split(", "):

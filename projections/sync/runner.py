@@ -764,10 +764,12 @@ class SyncProjection:
         """Exactly-once / grouped: the handler and the offsets in one transaction."""
         check_decoded(envelopes)
         handled = wanted(envelopes)
-        began = time.monotonic()
+        began = 0.0
         pipelined = False
+        held: Connection[Any] | None = None
         try:
             with self.journal.pool.connection() as conn:
+                held, began = conn, time.monotonic()
                 pipelined = self._pipelines(conn)
                 with self._round_trips(conn, pipelined):
                     if self.mode is Mode.GROUPED:
@@ -785,25 +787,33 @@ class SyncProjection:
                     unchecked = self._dao.save(conn, self.key, commit.records, self._fence)
             for written in unchecked:  # the pipeline's results are in
                 written.check()
-        except psycopg.OperationalError:
-            fence = self._fence
-            if not pipelined or fence is None:
-                raise
-            if time.monotonic() - began < fence.idle_timeout_ms / 1000:
+        except psycopg.Error as error:
+            if not (pipelined and self._outlived_limit(held, began)):
                 raise
             # The server ended a batch that outlived the lease TTL (`transaction_limit`):
             # this instance's batches wait for every statement from now on, which bounds
             # only the time a batch sits idle, and this one runs again (it was rolled back).
             self._synced_fence = True
             _log.warning(
-                "projection %s %s: a batch took longer than the lease TTL (%d ms); its "
+                "projection %s %s: a batch took longer than the lease TTL (%s); its "
                 "batches are no longer pipelined",
                 self.name,
                 self.key,
-                fence.idle_timeout_ms,
+                error,
                 extra=self._extra("fence_synced"),
             )
             self._call_in_transaction(commit, envelopes)
+
+    def _outlived_limit(self, conn: Connection[Any] | None, began: float) -> bool:
+        """Whether a pipelined fenced batch failed because the server ended it at the
+        lease TTL (`Fence.transaction_limit`): at least a TTL after it began, with its
+        connection closed (the timeout ends the session; the client reads the timeout's
+        error or only the closed connection, depending on where it was), whatever the
+        error says. Any other failure (a deadlock, a lost lease) leaves it open."""
+        fence = self._fence
+        if fence is None or time.monotonic() - began < fence.idle_timeout_ms / 1000:
+            return False
+        return conn is not None and conn.broken
 
     def _pipelines(self, conn: Connection[Any]) -> bool:
         """Whether this batch is pipelined: always without a fence; with one, where the
@@ -949,8 +959,10 @@ def check_pools(journal: SyncJournal) -> None:
 def _ended_by_handler(conn: Connection[Any], pipelined: bool) -> bool:
     """Whether the handler committed or rolled back the batch's transaction itself.
 
-    In a pipeline the transaction is seen as active until its results are read, and
-    as idle only once a handler's commit or rollback has synced it."""
+    In a fenced pipeline (synced once after BEGIN) the transaction shows as active
+    while results are pending and as open once they are read; idle only after a
+    handler's `commit()` or `rollback()`, which psycopg syncs. A raw `COMMIT`
+    statement, which a pipeline reports only at its Sync, goes unseen there."""
     status = conn.info.transaction_status
     if pipelined:
         return status == TransactionStatus.IDLE
@@ -978,6 +990,12 @@ def _pipelined_transaction(
             conn.execute("BEGIN")
             if limit is not None:
                 conn.execute(*limit)
+                # One wait, here: libpq learns that a transaction is open only from the
+                # server's reply to a Sync. Without it psycopg would see the connection
+                # idle once the handler had read a result, and make a handler's own
+                # `conn.transaction()` a BEGIN and COMMIT of the batch instead of a
+                # savepoint; and `_ended_by_handler` could not tell.
+                pipeline.sync()
             try:
                 yield
                 # A statement that failed on the server may surface only here, when

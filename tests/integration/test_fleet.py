@@ -31,6 +31,7 @@ from projections import (
     ProjectionError,
     ProjectionSettings,
     ProjectionStats,
+    RecoveryStrategy,
 )
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import run_fenced
@@ -186,7 +187,9 @@ async def fetch_offsets(journal: Journal) -> int:
     return int(rows[0][0])
 
 
-def whole_grouped(journal: Journal, handler: Any, *, group_after: int) -> Projection:
+def whole_grouped(
+    journal: Journal, handler: Any, *, group_after: int, recovery: RecoveryStrategy | None = None
+) -> Projection:
     """A grouped instance over every slice of the bank entity, batches of `group_after`."""
     return Projection.grouped(
         journal,
@@ -196,6 +199,7 @@ def whole_grouped(journal: Journal, handler: Any, *, group_after: int) -> Projec
         handler=handler,
         settings=ProjectionSettings(group_after_envelopes=group_after, group_after_duration=0.05),
         query_settings=fast_query_settings(),
+        recovery=recovery,
     )
 
 
@@ -365,13 +369,15 @@ async def test_fenced_batches_are_pipelined_where_the_server_bounds_whole_transa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("reads_after", [False, True], ids=["writes", "then-reads"])
 async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
-    journal: Journal,
+    journal: Journal, reads_after: bool
 ) -> None:
     """The server ends a pipelined fenced batch once it has lasted the lease TTL (its
     worker might be frozen). A batch that really needs longer runs again at once, with
     every statement synced (the idle limit only), and so do the instance's later ones:
-    each event is applied exactly once."""
+    each event is applied exactly once. The client learns of the end as the timeout's
+    error or as a closed connection, depending on what it reads next."""
     if await _server_version(journal) < 170000:
         pytest.skip("fenced batches are pipelined on PostgreSQL 17 and later only")
     await bank.create_read_model(journal, with_primary_key=False)
@@ -384,9 +390,43 @@ async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
         await inner(conn, envs)
         if len(modes) == 1:
             await asyncio.sleep(1.5)  # past the TTL: the server ends the transaction
+            if reads_after:
+                await (await conn.execute("SELECT 1")).fetchone()
 
     epoch = await claim(journal, everything, "me")
     fence = Fence("balances", everything, "me", epoch, 1_000)
     await _run_until_applied(journal, whole_grouped(journal, slow_once, group_after=1), fence, 3)
     assert modes[0] == PipelineStatus.ON
     assert modes[1:] and set(modes[1:]) == {PipelineStatus.OFF}, modes
+
+
+@pytest.mark.timeout(60)
+async def test_a_fenced_handler_may_read_and_nest_a_transaction_before_it_writes(
+    journal: Journal,
+) -> None:
+    """A fenced handler that reads a result first and then writes in its own
+    `conn.transaction()` (a savepoint inside the batch's transaction) is not taken for
+    one that ended the batch, and its writes commit only with the batch: a batch that
+    fails after the nested block leaves nothing, and its retry applies each event once."""
+    await bank.create_read_model(journal, with_primary_key=False)
+    everything = SliceRange(0, 1023)
+    inner = bank.make_grouped_handler(journal)
+    calls = 0
+
+    async def handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        cur = await conn.execute("SELECT 1")
+        assert await cur.fetchone() == (1,)
+        async with conn.transaction():
+            await inner(conn, envs)
+        if calls == 1:
+            raise RuntimeError("the first attempt fails after its nested block")
+
+    projection = whole_grouped(
+        journal, handler, group_after=1, recovery=RecoveryStrategy.retry_and_fail(2, 0.01)
+    )
+    epoch = await claim(journal, everything, "me")
+    fence = Fence("balances", everything, "me", epoch, 60_000)
+    await _run_until_applied(journal, projection, fence, 3)
+    assert calls == 4  # the failed attempt, its retry and the next two batches

@@ -139,3 +139,34 @@ async def test_auto_falls_back_to_the_source_and_jdbc_says_why_it_cannot(
         read_events(spark, _options(pg_dsn, schema), executor="odbc")  # type: ignore[arg-type]
     with pytest.raises(SourceOptionError, match="unknown option"):
         read_events(spark, {**_options(pg_dsn, schema), "numPartition": "2"})
+
+
+@pytest.mark.skipif(not os.path.exists(JDBC_JAR), reason=f"no JDBC driver at {JDBC_JAR}")
+async def test_jdbc_properties_reach_the_driver_last_and_bad_text_fails_the_read(
+    spark: Any, journal: Journal, tcp: str
+) -> None:
+    """`jdbc_properties` override the read's own driver properties (here the user, so
+    the partitions' connections fail naming it; `prepareThreshold` as a pooler without
+    prepared statements needs gives the same rows); a JSON payload that is not UTF-8
+    fails the read, as it fails the source's, instead of arriving as broken text."""
+    await _fill(journal)
+    schema = journal.settings.schema
+    options = _options(tcp, schema)
+    expected = _rows(read_events(spark, options, executor="jdbc"))
+    pooled = read_events(spark, options, executor="jdbc", jdbc_properties={"prepareThreshold": "5"})
+    assert _rows(pooled) == expected
+    with pytest.raises(Exception, match=r"FAILED_JDBC\.CONNECTION|no_such_reader"):
+        read_events(spark, options, executor="jdbc", jdbc_properties={"user": "no_such_reader"})
+    with pytest.raises(SourceOptionError, match="jdbc_properties must map str to str"):
+        read_events(spark, options, jdbc_properties={"prepareThreshold": 5})  # type: ignore[dict-item]
+    async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
+        await conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {} SET event_payload = '\\xff7b7d'::bytea "
+                "WHERE persistence_id = %s AND seq_nr = 1"
+            ).format(journal.tables.journal),
+            (f"{ENTITY}|l1",),
+        )
+    for executor in ("jdbc", "source"):
+        with pytest.raises(Exception, match=r"(?i)utf-?8"):
+            read_events(spark, options, executor=executor).collect()
