@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncPipeline
 from psycopg.pq import TransactionStatus
 
 from journal.aio.durable_state import DurableStateStore
@@ -963,14 +963,34 @@ async def check_pools(journal: Journal) -> None:
 def _ended_by_handler(conn: AsyncConnection[Any], pipelined: bool) -> bool:
     """Whether the handler committed or rolled back the batch's transaction itself.
 
-    In a fenced pipeline (synced once after BEGIN) the transaction shows as active
-    while results are pending and as open once they are read; idle only after a
-    handler's `commit()` or `rollback()`, which psycopg syncs. A raw `COMMIT`
-    statement, which a pipeline reports only at its Sync, goes unseen there."""
+    In a pipeline (with a Sync after BEGIN) the transaction shows as active while
+    results are pending and as open once they are read; idle only after a handler's
+    `commit()` or `rollback()`, which psycopg syncs. A raw `COMMIT` statement, which
+    a pipeline reports only at its next Sync, goes unseen there."""
     status = conn.info.transaction_status
     if pipelined:
         return status == TransactionStatus.IDLE
     return status != _IN_TRANSACTION
+
+
+# psycopg has no public way to send a Sync without waiting for the server's reply to
+# it; `_send_sync` runs its pipeline's own steps, whose presence is checked once.
+# Without them it syncs and waits: the same transaction, one more wait per batch.
+SYNC_WITHOUT_WAIT: bool = all(
+    hasattr(AsyncPipeline, step) for step in ("_enqueue_sync", "_communicate_gen")
+)
+
+
+async def _send_sync(conn: AsyncConnection[Any], pipeline: AsyncPipeline) -> None:
+    """Send a Sync after what `pipeline` has queued, without waiting for the reply. The
+    reply (which tells libpq whether a transaction is open) is read in order, before
+    the result of any statement sent after it."""
+    if not SYNC_WITHOUT_WAIT:
+        await pipeline.sync()
+        return
+    async with conn.lock:
+        pipeline._enqueue_sync()
+        await conn.wait(pipeline._communicate_gen())
 
 
 @contextlib.asynccontextmanager
@@ -978,28 +998,28 @@ async def _pipelined_transaction(
     conn: AsyncConnection[Any], limit: tuple[Any, Any] | None = None
 ) -> AsyncIterator[None]:
     """BEGIN, `limit` (a statement), the block's statements and COMMIT sent as one
-    pipeline, with one Sync.
+    pipeline, with one wait for the server, at its end.
 
     psycopg's `transaction()` inside a pipeline opens two nested pipelines and
     syncs at the end of each: three waits for the server per batch instead of
     one, and about 190 µs more client CPU per transaction (measured on a local
     server). A failed statement makes the server skip the rest, COMMIT
-    included, up to the Sync; whatever the block left open (a failed
+    included, up to the next Sync; whatever the block left open (a failed
     transaction, or one the block left by raising) is rolled back afterwards.
-    The pool's connections autocommit, so psycopg sends no BEGIN of its own;
-    a handler's own `conn.transaction()` becomes a savepoint inside this one.
+    The pool's connections autocommit, so psycopg sends no BEGIN of its own.
+    A Sync follows BEGIN (`_send_sync`, not waited for): libpq learns that a
+    transaction is open only from the server's reply to a Sync, and psycopg
+    decides from it whether a handler's own `conn.transaction()` is a savepoint.
+    Without it, once the handler had read a result, psycopg saw the connection
+    idle and made that block a BEGIN and COMMIT of the batch's writes so far,
+    committed before the offsets (and `_ended_by_handler` could not tell).
     """
     try:
         async with conn.pipeline() as pipeline:
             await conn.execute("BEGIN")
             if limit is not None:
                 await conn.execute(*limit)
-                # One wait, here: libpq learns that a transaction is open only from the
-                # server's reply to a Sync. Without it psycopg would see the connection
-                # idle once the handler had read a result, and make a handler's own
-                # `conn.transaction()` a BEGIN and COMMIT of the batch instead of a
-                # savepoint; and `_ended_by_handler` could not tell.
-                await pipeline.sync()
+            await _send_sync(conn, pipeline)
             try:
                 yield
                 # A statement that failed on the server may surface only here, when

@@ -33,6 +33,7 @@ from projections import (
     ProjectionStats,
     RecoveryStrategy,
 )
+from projections.aio import runner
 from projections.aio.fleet_control import FleetControl
 from projections.aio.runner import run_fenced
 from projections.fencing import Fence
@@ -328,11 +329,12 @@ async def _server_version(journal: Journal) -> int:
 
 
 async def _run_until_applied(
-    journal: Journal, projection: Projection, fence: Fence, appends: int
+    journal: Journal, projection: Projection, fence: Fence | None, appends: int
 ) -> None:
-    """Run the fenced instance while `appends` single events are appended one after
-    another, each applied before the next; then stop it and check each applied once."""
-    run = asyncio.create_task(run_fenced(projection, fence))
+    """Run the instance (under `fence` if given) while `appends` single events are
+    appended one after another, each applied before the next; then stop it and check
+    each applied once."""
+    run = asyncio.create_task(projection.run() if fence is None else run_fenced(projection, fence))
     try:
         for n in range(appends):
             await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=n)
@@ -401,13 +403,17 @@ async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
 
 
 @pytest.mark.timeout(60)
-async def test_a_fenced_handler_may_read_and_nest_a_transaction_before_it_writes(
-    journal: Journal,
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
+async def test_a_handler_may_read_and_nest_a_transaction_before_it_writes(
+    journal: Journal, fenced: bool
 ) -> None:
-    """A fenced handler that reads a result first and then writes in its own
-    `conn.transaction()` (a savepoint inside the batch's transaction) is not taken for
+    """A handler that reads a result first and then writes in its own
+    `conn.transaction()` (a savepoint inside the batch's transaction: the pipeline
+    sends a Sync after BEGIN, so psycopg knows a transaction is open) is not taken for
     one that ended the batch, and its writes commit only with the batch: a batch that
-    fails after the nested block leaves nothing, and its retry applies each event once."""
+    fails after the nested block leaves nothing, and its retry applies each event once.
+    Without the Sync, the unfenced batch's nested block committed it early."""
+    assert runner.SYNC_WITHOUT_WAIT, "the installed psycopg sends a Sync without waiting"
     await bank.create_read_model(journal, with_primary_key=False)
     everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
@@ -426,7 +432,11 @@ async def test_a_fenced_handler_may_read_and_nest_a_transaction_before_it_writes
     projection = whole_grouped(
         journal, handler, group_after=1, recovery=RecoveryStrategy.retry_and_fail(2, 0.01)
     )
-    epoch = await claim(journal, everything, "me")
-    fence = Fence("balances", everything, "me", epoch, 60_000)
-    await _run_until_applied(journal, projection, fence, 3)
+    if fenced:
+        epoch = await claim(journal, everything, "me")
+        await _run_until_applied(
+            journal, projection, Fence("balances", everything, "me", epoch, 60_000), 3
+        )
+    else:
+        await _run_until_applied(journal, projection, None, 3)
     assert calls == 4  # the failed attempt, its retry and the next two batches
