@@ -23,8 +23,11 @@ and the offset rows in one, `OffsetSql.save`). PostgreSQL 17 added that bound,
 message of a pipeline too. There (`bounds_whole_transactions`) a fenced batch is
 pipelined like any other, BEGIN to COMMIT with one wait, and starts with
 `Fence.transaction_limit()`: the whole transaction may last at most the lease TTL,
-wherever its worker freezes. A batch that needs longer is ended by the server;
-the runner then runs that instance's batches synced, as above.
+so a worker frozen mid-batch holds its locks at most that long after BEGIN
+(while the server waits to read from it; a server blocked writing a large result
+to a frozen client is not interrupted, in either way of sending). A batch that
+needs longer is ended by the server; the runner then runs that instance's
+batches synced, as above.
 
 Without a fence the offset rows themselves still guard against doubles: event
 rows are inserted without `ON CONFLICT`, so a second instance storing the same
