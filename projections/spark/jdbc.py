@@ -108,12 +108,7 @@ def read_events(
         raise SourceOptionError(
             f"read_events: executor must be 'auto', 'jdbc' or 'source', got {executor!r}"
         )
-    extra = dict(jdbc_properties or {})
-    for name, value in extra.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise SourceOptionError(
-                f"read_events: jdbc_properties must map str to str, got {name!r}: {value!r}"
-            )
+    extra = _checked_properties(jdbc_properties or {})
     parsed = parse_options(options)
     why_not = "asked for the source" if executor == "source" else _jdbc_unsupported(parsed)
     if why_not is not None:
@@ -212,11 +207,43 @@ def _jdbc_url(info: ConnectionInfo, dsn: Mapping[str, Any]) -> tuple[str, dict[s
     return url, properties
 
 
+# Properties `jdbc_properties` may not set: the driver class, and the session name the
+# visibility horizon leaves out (the read's own open transactions must not hold it back).
+_FIXED_PROPERTIES = ("driver", "applicationname")
+
+
+def _checked_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """`read_events`' `jdbc_properties`, refused (`SourceOptionError`) unless they map str
+    to str and leave the driver and the session name alone; values never appear in the
+    message (a password may be among them)."""
+    checked: dict[str, str] = {}
+    for name, value in properties.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise SourceOptionError(
+                f"read_events: jdbc_properties must map str to str, got {name!r} -> "
+                f"{type(value).__name__}"
+            )
+        if name.lower() in _FIXED_PROPERTIES:
+            raise SourceOptionError(
+                f"read_events: jdbc_properties cannot set {name!r}: the read names its "
+                "driver and its sessions itself"
+            )
+        checked[name] = value
+    return checked
+
+
+def _partition_properties(
+    planned: Mapping[str, str], options: SourceOptions, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The JDBC properties of every partition's connection: the planned connection's
+    (URL user, password, TLS, driver, session name), binary rows, the fetch size, then
+    the caller's `jdbc_properties` over them."""
+    return {**planned, **_BINARY_ROWS, "fetchsize": str(options.batch_rows), **extra}
+
+
 def _jdbc_frame(spark: SparkSession, options: SourceOptions, extra: Mapping[str, str]) -> DataFrame:
-    statement, url, properties = _jdbc_plan(options)
-    properties |= _BINARY_ROWS
-    properties["fetchsize"] = str(options.batch_rows)
-    properties |= extra
+    statement, url, planned = _jdbc_plan(options)
+    properties = _partition_properties(planned, options, extra)
     predicates = [
         f"slice BETWEEN {r.min_slice} AND {r.max_slice}" for r in options.partition_ranges()
     ]

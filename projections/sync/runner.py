@@ -785,7 +785,10 @@ class SyncProjection:
                             "rollback); the runner commits the handler's writes with the offsets"
                         )
                     unchecked = self._dao.save(conn, self.key, commit.records, self._fence)
-            for written in unchecked:  # the pipeline's results are in
+            # In a pipeline the fenced insert's rows are counted only now, after COMMIT:
+            # an alarm, not a guard (the fence is a scalar call joined with every row,
+            # so the statement cannot write fewer; synced, the count precedes COMMIT).
+            for written in unchecked:
                 written.check()
         except psycopg.Error as error:
             if not (pipelined and self._outlived_limit(held, began)):

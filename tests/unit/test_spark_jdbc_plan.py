@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from projections.spark.jdbc import _driver_missing, _jdbc_unsupported, _jdbc_url
+from projections.spark.jdbc import (
+    _checked_properties,
+    _driver_missing,
+    _jdbc_unsupported,
+    _jdbc_url,
+    _partition_properties,
+)
 from projections.spark.options import SourceOptionError, parse_options
 
 
@@ -52,3 +58,24 @@ def test_what_jdbc_cannot_run_is_named() -> None:
     assert "durableState" in str(why(dsn="postgresql://u@h/db", read="durableState"))
     with pytest.raises(SourceOptionError, match="not a valid DSN"):
         why(dsn="host=h port")
+
+
+def test_the_callers_jdbc_properties_come_last_but_never_rename_the_read() -> None:
+    """`jdbc_properties` override what the read sets (binary rows, the fetch size, the
+    user), but not the driver or the session name the visibility horizon leaves out;
+    a bad one is refused without showing its value (it may be a password)."""
+    options = parse_options({"dsn": "postgresql://u@127.0.0.1/db", "entityType": "A"})
+    planned = {"driver": "org.postgresql.Driver", "ApplicationName": "slicejournal-reader"}
+    planned |= {"user": "u"}
+    default = _partition_properties(planned, options, {})
+    assert default["prepareThreshold"] == "-1" and default["fetchsize"].isdigit()
+    extra = _checked_properties({"prepareThreshold": "5", "fetchsize": "7", "user": "v"})
+    mine = _partition_properties(planned, options, extra)
+    assert (mine["prepareThreshold"], mine["fetchsize"], mine["user"]) == ("5", "7", "v")
+    assert mine["ApplicationName"] == "slicejournal-reader"
+    for name in ("ApplicationName", "applicationName", "driver"):
+        with pytest.raises(SourceOptionError, match="cannot set"):
+            _checked_properties({name: "x"})
+    with pytest.raises(SourceOptionError, match="str to str") as refused:
+        _checked_properties({"password": b"s3cret"})  # type: ignore[dict-item]
+    assert "s3cret" not in str(refused.value)
