@@ -421,17 +421,24 @@ async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
+@pytest.mark.parametrize(
+    ("fenced", "waits"),
+    [(True, False), (False, False), (False, True)],
+    ids=["fenced", "unfenced", "unfenced-synced-and-waited"],
+)
 async def test_a_handler_may_read_and_nest_a_transaction_before_it_writes(
-    journal: Journal, fenced: bool
+    journal: Journal, fenced: bool, waits: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A handler that reads a result first and then writes in its own
     `conn.transaction()` (a savepoint inside the batch's transaction: the pipeline
     sends a Sync after BEGIN, so psycopg knows a transaction is open) is not taken for
     one that ended the batch, and its writes commit only with the batch: a batch that
     fails after the nested block leaves nothing, and its retry applies each event once.
-    Without the Sync, the unfenced batch's nested block committed it early."""
+    Without the Sync, the unfenced batch's nested block committed it early. `waits`:
+    the fallback for a psycopg without the steps that send a Sync without waiting."""
     assert runner.SYNC_WITHOUT_WAIT, "the installed psycopg sends a Sync without waiting"
+    if waits:
+        monkeypatch.setattr(runner, "SYNC_WITHOUT_WAIT", False)
     await bank.create_read_model(journal, with_primary_key=False)
     everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
