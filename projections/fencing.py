@@ -92,7 +92,8 @@ class Fence:
         """The first statement after BEGIN of a pipelined fenced batch (only where
         `bounds_whole_transactions`): the server ends the transaction once it has lasted
         the TTL, whether it waits for a Sync or for the rest of a pipeline, so a worker
-        frozen anywhere in the batch holds its locks for at most that long."""
+        frozen mid-batch holds its locks for at most that long after BEGIN (see the
+        module for the one wait it does not cover)."""
         return _TRANSACTION_LIMIT, {"ms": str(self.idle_timeout_ms)}
 
 

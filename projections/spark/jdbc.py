@@ -24,8 +24,8 @@ reader one statement and a slice range per partition:
   a JSON payload's bytes into text and a missing tag list into an empty one,
   where JDBC would otherwise have the server print the payload as hex or as
   validated text, the timestamps and numbers as text, and every row's tags, and
-  then parse them all back (measured: 0.87x of Spark's plain JDBC read of the
-  table without this, 1.04x with it; docs/benchmarks.md).
+  then parse them all back (measured: 0.82-0.88x of Spark's plain JDBC read of
+  the table without this, 0.95-1.08x with it, at the same CPU; docs/benchmarks.md).
 
 It needs the PostgreSQL JDBC driver on Spark's classpath (`spark.jars`, e.g.
 Debian's /usr/share/java/postgresql.jar) and a server reachable over TCP (the

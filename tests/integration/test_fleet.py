@@ -188,6 +188,13 @@ async def fetch_offsets(journal: Journal) -> int:
     return int(rows[0][0])
 
 
+async def _claimed_fence(journal: Journal, ttl_ms: int = 60_000) -> Fence:
+    """Claim the whole range of `balances` as "me", the way a worker does, and return the
+    fence its batches run under."""
+    everything = SliceRange(0, 1023)
+    return Fence("balances", everything, "me", await claim(journal, everything, "me"), ttl_ms)
+
+
 def whole_grouped(
     journal: Journal, handler: Any, *, group_after: int, recovery: RecoveryStrategy | None = None
 ) -> Projection:
@@ -219,9 +226,7 @@ async def test_a_fenced_instance_commits_nothing_after_its_lease_is_taken_over(
         await gate.wait()  # the batch is in flight, its transaction open
 
     projection = whole_grouped(journal, slow_handler, group_after=5)
-    epoch = await claim(journal, everything, "me")
-    fence = Fence("balances", everything, "me", epoch, 60_000)
-    run = asyncio.create_task(run_fenced(projection, fence))
+    run = asyncio.create_task(run_fenced(projection, await _claimed_fence(journal)))
     await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}] * 5, expected_seq_nr=0)
     await asyncio.wait_for(in_flight.wait(), 20)
     # The instance is "frozen" with a batch in flight, its writes made but not
@@ -241,10 +246,9 @@ async def test_run_with_a_fence_is_deprecated_and_still_fenced(journal: Journal)
     await bank.create_read_model(journal, with_primary_key=False)
     everything = SliceRange(0, 1023)
     projection = whole_grouped(journal, bank.make_grouped_handler(journal), group_after=1)
-    epoch = await claim(journal, everything, "me")
+    stale = await _claimed_fence(journal)
     await claim(journal, everything, "someone-else")  # the lease moved on before the run
     await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=0)
-    stale = Fence("balances", everything, "me", epoch, 60_000)
     with pytest.warns(DeprecationWarning, match="fence"), pytest.raises(LeaseLost):
         await asyncio.wait_for(projection.run(fence=stale), 20)
     _, applied, _ = await bank.projected(journal)
@@ -260,7 +264,6 @@ async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_tt
     server ends its transaction. Here the "frozen" handler has written a balance row and
     never returns; another transaction must get that row's lock soon after the TTL."""
     await bank.create_read_model(journal, with_primary_key=False)
-    everything = SliceRange(0, 1023)
     in_flight = asyncio.Event()
     inner = bank.make_grouped_handler(journal)
 
@@ -270,11 +273,7 @@ async def test_a_fenced_instance_frozen_mid_batch_holds_its_locks_at_most_the_tt
         await asyncio.Event().wait()  # never resumes
 
     projection = whole_grouped(journal, frozen_handler, group_after=1)
-    ttl_ms = 1_000
-    epoch = await claim(journal, everything, "me")
-    run = asyncio.create_task(
-        run_fenced(projection, Fence("balances", everything, "me", epoch, ttl_ms))
-    )
+    run = asyncio.create_task(run_fenced(projection, await _claimed_fence(journal, 1_000)))
     balances = bank.table(journal, "balances")
     pid = f"{bank.ENTITY}|a"
     async with await psycopg.AsyncConnection.connect(journal.dsn, autocommit=True) as conn:
@@ -305,7 +304,6 @@ async def test_a_fenced_handler_that_commits_itself_fails_its_batch(journal: Jou
     that commits the transaction itself would leave the fence and the offsets to run
     outside it: the batch fails instead (a handler error) and stores no offset."""
     await bank.create_read_model(journal, with_primary_key=False)
-    everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
 
     async def committing_handler(conn: psycopg.AsyncConnection[Any], envs: list[Any]) -> None:
@@ -313,12 +311,10 @@ async def test_a_fenced_handler_that_commits_itself_fails_its_batch(journal: Jou
         await conn.commit()
 
     projection = whole_grouped(journal, committing_handler, group_after=1)
-    epoch = await claim(journal, everything, "me")
+    fence = await _claimed_fence(journal)
     await journal.append(f"{bank.ENTITY}|a", [{"amount": 5}], expected_seq_nr=0)
     with pytest.raises(ProjectionError) as failed:
-        await asyncio.wait_for(
-            run_fenced(projection, Fence("balances", everything, "me", epoch, 60_000)), 30
-        )
+        await asyncio.wait_for(run_fenced(projection, fence), 30)
     assert "ended the batch's transaction itself" in f"{failed.value} {failed.value.__cause__}"
     assert await fetch_offsets(journal) == 0, "offsets stored outside the handler's transaction"
 
@@ -366,7 +362,6 @@ async def test_fenced_batches_are_pipelined_where_the_server_bounds_whole_transa
     COMMIT as one pipeline, as an unfenced one is; on older servers every statement
     waits for the server (its idle limit is armed only at a Sync)."""
     await bank.create_read_model(journal, with_primary_key=False)
-    everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
     modes: list[PipelineStatus] = []
 
@@ -374,8 +369,7 @@ async def test_fenced_batches_are_pipelined_where_the_server_bounds_whole_transa
         modes.append(conn.info.pipeline_status)
         await inner(conn, envs)
 
-    epoch = await claim(journal, everything, "me")
-    fence = Fence("balances", everything, "me", epoch, 60_000)
+    fence = await _claimed_fence(journal)
     await _run_until_applied(journal, whole_grouped(journal, handler, group_after=1), fence, 3)
     pipelined = await _server_version(journal) >= 170000
     assert set(modes) == {PipelineStatus.ON if pipelined else PipelineStatus.OFF}, modes
@@ -394,7 +388,6 @@ async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
     if await _server_version(journal) < 170000:
         pytest.skip("fenced batches are pipelined on PostgreSQL 17 and later only")
     await bank.create_read_model(journal, with_primary_key=False)
-    everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
     modes: list[PipelineStatus] = []
 
@@ -408,8 +401,7 @@ async def test_a_pipelined_fenced_batch_that_outlives_the_ttl_runs_again_synced(
             if reads_after:
                 await (await conn.execute("SELECT 1")).fetchone()
 
-    epoch = await claim(journal, everything, "me")
-    fence = Fence("balances", everything, "me", epoch, 1_000)
+    fence = await _claimed_fence(journal, 1_000)
     # Retries: the later, synced batches have a 1 s idle limit, which a stall of the
     # loaded test machine could reach; a retried batch is still applied once.
     projection = whole_grouped(
@@ -440,7 +432,6 @@ async def test_a_handler_may_read_and_nest_a_transaction_before_it_writes(
     if waits:
         monkeypatch.setattr(runner, "SYNC_WITHOUT_WAIT", False)
     await bank.create_read_model(journal, with_primary_key=False)
-    everything = SliceRange(0, 1023)
     inner = bank.make_grouped_handler(journal)
     calls = 0
 
@@ -457,11 +448,6 @@ async def test_a_handler_may_read_and_nest_a_transaction_before_it_writes(
     projection = whole_grouped(
         journal, handler, group_after=1, recovery=RecoveryStrategy.retry_and_fail(2, 0.01)
     )
-    if fenced:
-        epoch = await claim(journal, everything, "me")
-        await _run_until_applied(
-            journal, projection, Fence("balances", everything, "me", epoch, 60_000), 3
-        )
-    else:
-        await _run_until_applied(journal, projection, None, 3)
+    fence = await _claimed_fence(journal) if fenced else None
+    await _run_until_applied(journal, projection, fence, 3)
     assert calls == 4  # the failed attempt, its retry and the next two batches
