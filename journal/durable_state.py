@@ -28,8 +28,15 @@ import attrs
 
 from journal.callables import check_flavour, describe
 from journal.errors import DeserializationError, InvalidArgument
-from journal.model import NOT_LOADED, UNDECODABLE, TimestampOffset, _attrs_compatible, _Unordered
-from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row
+from journal.model import (
+    NOT_LOADED,
+    UNDECODABLE,
+    TimestampOffset,
+    _attrs_compatible,
+    _OwnOffset,
+    _Unordered,
+)
+from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Row, RowOffset
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 
@@ -95,7 +102,7 @@ class _ChangeFields(NamedTuple):
     deleted: bool = False
 
 
-class DurableStateChange(_Unordered, _ChangeFields):
+class DurableStateChange(_Unordered, _OwnOffset, _ChangeFields):
     """One change of an id's durable state as `changes_by_slices` delivers it.
 
     It is the latest revision the query saw (earlier revisions may have been
@@ -115,6 +122,7 @@ class DurableStateChange(_Unordered, _ChangeFields):
     """
 
     __slots__ = ()
+    _OFFSET_AT = 9
 
     @property
     def seq_nr(self) -> int:
@@ -151,7 +159,7 @@ def heartbeat_change(
 
 
 def rows_to_changes(
-    rows: Iterable[tuple[Row, TimestampOffset | None]],
+    rows: Iterable[tuple[Row, RowOffset]],
     registry: SerializerRegistry,
     *,
     source: str,

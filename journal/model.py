@@ -7,10 +7,10 @@ mutating what another part is still reading.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 import attrs
 
@@ -63,6 +63,85 @@ def _attrs_compatible(cls: Any, defaults: Mapping[str, Any]) -> None:
         frozen=True,
     )
     cls.__attrs_attrs__ = attrs.fields(spec)
+
+
+class _OwnOffset:
+    """The `offset` of a tuple-backed value a slice query built, built when read.
+
+    Most rows of a slice query have a timestamp of their own: their offset is that
+    timestamp, the read time and their own id at their seq_nr as `seen`, nothing
+    the row does not hold. Building it for each of them (an offset and its `seen`
+    view: about 0.3 us an event) would be most of what a catch-up spends beyond
+    its rows, and few readers look at every envelope's offset; so the query leaves
+    the read time in the offset's place and `offset` builds the offset from the
+    value's own fields when asked. Everything else sees the offset: equality and
+    hashing, iteration and indexing, `_replace`, `_asdict`, pickling and `repr`.
+    The positions of the id (0), the seq_nr or revision (3) and the timestamp (4)
+    are the same in both values; `_OFFSET_AT` is where the offset is.
+    """
+
+    __slots__ = ()
+    _OFFSET_AT: ClassVar[int]
+
+    @property
+    def offset(self) -> TimestampOffset | None:
+        """Where a slice query is after this value: resume from it to go on right after
+        it (None for values no slice query produced)."""
+        offset = _item(self, self._OFFSET_AT)
+        if type(offset) is datetime:  # the read time: the row's own offset
+            return _new_tuple(
+                TimestampOffset,
+                (_item(self, 4), offset, MappingProxyType({_item(self, 0): _item(self, 3)})),
+            )
+        return offset  # type: ignore[no-any-return]
+
+    def _offset_timestamp(self) -> datetime | None:
+        """`offset.timestamp` without building the offset (None without an offset)."""
+        offset = _item(self, self._OFFSET_AT)
+        if type(offset) is datetime:
+            return _item(self, 4)  # type: ignore[no-any-return]
+        return None if offset is None else offset.timestamp
+
+    def _items(self) -> tuple[Any, ...]:
+        """The fields, the offset built."""
+        at = self._OFFSET_AT
+        if type(_item(self, at)) is not datetime:
+            return tuple(_iter(self))
+        items = list(_iter(self))
+        items[at] = self.offset
+        return tuple(items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._items()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _OwnOffset):
+            return self._items() == other._items()
+        if isinstance(other, tuple):
+            return self._items() == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self._items())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={value!r}"
+            for name, value in zip(self._fields, self._items(), strict=True)  # type: ignore[attr-defined]
+        )
+        return f"{type(self).__name__}({fields})"
+
+
+# The tuple's own item access, past `_OwnOffset`'s.
+_item: Final[Callable[[Any, int], Any]] = tuple.__getitem__
+_iter: Final[Callable[[Any], Iterator[Any]]] = tuple.__iter__
 
 
 class _Marker:
@@ -190,7 +269,7 @@ class _EnvelopeFields(NamedTuple):
     deleted: bool = False
 
 
-class EventEnvelope(_Unordered, _EnvelopeFields):
+class EventEnvelope(_Unordered, _OwnOffset, _EnvelopeFields):
     """One event as read from the journal, with where it sits in it.
 
     `event` is `NOT_LOADED` for envelopes from backtracking queries (which skip
@@ -209,10 +288,12 @@ class EventEnvelope(_Unordered, _EnvelopeFields):
 
     An immutable value with named fields (`attrs.evolve` or `_replace` make a
     changed copy; `copy.replace` too on Python 3.13). Like `TimestampOffset` it is a
-    tuple underneath, because a catch-up builds one per event.
+    tuple underneath, because a catch-up builds one per event; its `offset` is built
+    when read, for most envelopes of a slice query (`_OwnOffset`).
     """
 
     __slots__ = ()
+    _OFFSET_AT = 11
 
     def decoded_event(self) -> Any:
         """The event, or raise the `DeserializationError` that kept it from being decoded."""
@@ -260,12 +341,13 @@ def new_envelope(
     tags: tuple[str, ...],
     metadata: Any,
     writer: str,
-    offset: TimestampOffset | None,
+    offset: TimestampOffset | datetime | None,
     source: str,
     error: DeserializationError | None,
     deleted: bool,
 ) -> EventEnvelope:
-    """EventEnvelope(...) with every field given positionally, in order."""
+    """EventEnvelope(...) with every field given positionally, in order; `offset` may be a
+    row's read time, where the offset is the row's own (`_OwnOffset`)."""
     return _new_tuple(
         EventEnvelope,
         (persistence_id, entity_type, slice_, seq_nr, db_timestamp, event, serializer_id,

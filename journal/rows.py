@@ -10,6 +10,7 @@ slice-query state machine can use the column positions on a Spark executor.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -51,6 +52,12 @@ ROW_DB_TIMESTAMP = COLUMNS.index("db_timestamp")
 ROW_PID = COLUMNS.index("persistence_id")
 ROW_SEQ_NR = COLUMNS.index("seq_nr")
 ROW_WIDTH = len(COLUMNS) + 1  # queries may append columns after the payload
+Emitted = TimestampOffset | datetime
+"""What the slice query emits a row with: its offset, or its read time where the offset
+is the row's own (its timestamp, that read time, its id alone seen at its seq_nr),
+which the envelope builds when it is read (`journal.model._OwnOffset`)."""
+RowOffset = Emitted | None
+"""What a row is decoded with: `Emitted`, or None outside a slice query."""
 # Start-from-snapshot queries (`journal.query.sql.snapshot_rows`): true for a snapshot.
 SNAPSHOT_FLAG = ROW_WIDTH
 
@@ -97,11 +104,11 @@ def tombstone_envelope(
     seq_nr: int,
     db_timestamp: Any,
     writer: str,
-    offset: TimestampOffset | None,
+    offset: RowOffset,
     source: str,
 ) -> EventEnvelope:
     """The envelope of a tombstone: the id was erased; no event, nothing to decode."""
-    return EventEnvelope(
+    return new_envelope(
         pid, entity_type, slice_, seq_nr, db_timestamp, None, None, TOMBSTONE_MANIFEST,
         (), None, writer, offset, source, None, True,
     )  # fmt: skip
@@ -119,7 +126,7 @@ def row_to_envelope(
 
 
 def rows_to_envelopes(
-    rows: Iterable[tuple[Row, TimestampOffset | None]],
+    rows: Iterable[tuple[Row, RowOffset]],
     registry: SerializerRegistry,
     *,
     source: str,
@@ -129,7 +136,7 @@ def rows_to_envelopes(
 
 
 def iter_envelopes(
-    rows: Iterable[tuple[Row, TimestampOffset | None]],
+    rows: Iterable[tuple[Row, RowOffset]],
     registry: SerializerRegistry,
     *,
     source: str,

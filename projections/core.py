@@ -706,9 +706,10 @@ class ProjectionCore:
         # Only positions of the normal query count as progress (a backtracking
         # envelope's offset lies behind it); markers of this envelope's own
         # commit still claim the previous position.
-        if offered is not None and offered.source == "query" and offered.offset is not None:
-            self._progress = offered.offset.timestamp
-            self.stats.latest_timestamp = offered.offset.timestamp
+        if offered is not None and offered.source == "query":
+            timestamp = offered._offset_timestamp()  # without building the offset
+            if timestamp is not None:
+                self._progress = self.stats.latest_timestamp = timestamp
         return None
 
     def _add(self, env: Envelope, now: float) -> Action | None:

@@ -59,7 +59,7 @@ from journal.query.horizon import Horizon
 from journal.query.horizon_tracker import HorizonTracker
 from journal.query.scan import ScanPosition
 from journal.query.tail import TailTracker
-from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
+from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Emitted
 from journal.settings import QuerySettings
 from journal.slices import SliceRange, validate_entity_type
 
@@ -445,15 +445,16 @@ class BySliceQuery:
 
     def on_rows(
         self, rows: Sequence[Sequence[Any]], now: float
-    ) -> list[tuple[Sequence[Any], TimestampOffset]]:
+    ) -> list[tuple[Sequence[Any], Emitted]]:
         """`on_row` for a batch of rows, each ending with the database time it was read
-        at: the rows to emit, each with its offset, in order (the others were emitted
+        at: the rows to emit, each with its offset (or its read time, where the offset
+        is the row's own: `journal.rows.Emitted`), in order (the others were emitted
         already). The drivers feed every fetched batch through here."""
         query = self._current
         if query is None:
             raise ProtocolError("on_rows called outside a RowsQuery")
         if query.backtracking:
-            emitted = []
+            emitted: list[tuple[Sequence[Any], Emitted]] = []
             for row in rows:
                 offset = self.on_row(row, row[-1], now)
                 if offset is not None:

@@ -30,7 +30,7 @@ from journal.model import SNAPSHOT_SOURCE, EventEnvelope, TimestampOffset, heart
 from journal.query import sql as q
 from journal.query.by_slice import BucketsQuery, RowsQuery
 from journal.query.state_sql import state_rows
-from journal.rows import SNAPSHOT_FLAG, Row, iter_envelopes
+from journal.rows import SNAPSHOT_FLAG, Row, RowOffset, iter_envelopes
 from journal.serialization import SerializerRegistry
 from journal.tables import Tables
 
@@ -82,7 +82,7 @@ class RowSource(Protocol, Generic[E]):
 
     def decode(
         self,
-        rows: Iterable[tuple[Row, TimestampOffset | None]],
+        rows: Iterable[tuple[Row, RowOffset]],
         registry: SerializerRegistry,
         *,
         source: str,
@@ -131,7 +131,7 @@ class EventRows:
 
     def decode(
         self,
-        rows: Iterable[tuple[Row, TimestampOffset | None]],
+        rows: Iterable[tuple[Row, RowOffset]],
         registry: SerializerRegistry,
         *,
         source: str,
@@ -165,7 +165,7 @@ class SnapshotStartRows(EventRows):
 
     def decode(
         self,
-        rows: Iterable[tuple[Row, TimestampOffset | None]],
+        rows: Iterable[tuple[Row, RowOffset]],
         registry: SerializerRegistry,
         *,
         source: str,
@@ -221,7 +221,7 @@ class StateChangeRows:
 
     def decode(
         self,
-        rows: Iterable[tuple[Row, TimestampOffset | None]],
+        rows: Iterable[tuple[Row, RowOffset]],
         registry: SerializerRegistry,
         *,
         source: str,

@@ -262,7 +262,14 @@ async def test_status_watch_stops_cleanly_on_sigint(
         ).register  # a fleet row, as a worker's would be
         async with journal.pool.connection() as conn:
             await conn.execute(register, (NAME, ENTITY, 4, 2000))
-    watch = popen(["status", NAME, *where, "--watch", "--interval", "0.2"], text=True)
+    # SIGINT as a terminal delivers it, even where this suite was started in the
+    # background by a shell without job control, which starts it ignored (and a
+    # child inherits an ignored signal).
+    watch = popen(
+        ["status", NAME, *where, "--watch", "--interval", "0.2"],
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert watch.stdout is not None
         lines = [await asyncio.to_thread(watch.stdout.readline) for _ in range(3)]

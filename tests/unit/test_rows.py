@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
+from journal.durable_state import DurableStateChange
 from journal.errors import DeserializationError
 from journal.model import (
     NOT_LOADED,
@@ -109,3 +110,39 @@ def test_the_fast_constructor_builds_the_same_immutable_envelope() -> None:
         fast.seq_nr = 2  # type: ignore[misc]
     with pytest.raises(TypeError):  # a tuple underneath, but not ordered as one
         assert fast < fast  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("kind", ["event", "state change"])
+def test_an_offset_left_to_be_built_is_the_offset_everywhere(kind: str) -> None:
+    """A slice query leaves a row's own offset to be built when read (its read time in
+    the offset's place): the value is the same as with the offset built, by every
+    way of looking at it."""
+    read_at = datetime(2024, 5, 1, 12, 0, 1, tzinfo=UTC)
+    own = TimestampOffset(TS, read_at, {"A|1": 4})
+    if kind == "event":
+        values: tuple[Any, ...] = ("A|1", "A", 7, 4, TS, "opened", 31, "", ("t",), None, "w",
+                                   own, "query", None, False)  # fmt: skip
+        cls: Any = EventEnvelope
+    else:
+        values = ("A|1", "A", 7, 4, TS, "opened", 31, "", ("t",), own, "query", None, False)
+        cls = DurableStateChange
+    at = values.index(own)
+    eager = tuple.__new__(cls, values)
+    lazy = tuple.__new__(cls, (*values[:at], read_at, *values[at + 1 :]))
+    assert lazy.offset == own and type(lazy.offset) is TimestampOffset
+    assert dict(lazy.offset.seen) == {"A|1": 4}
+    assert lazy._offset_timestamp() == eager._offset_timestamp() == TS
+    assert lazy == eager and eager == lazy and (lazy != eager) is False
+    assert hash(lazy) == hash(eager)
+    assert tuple(lazy) == values and list(lazy) == list(values) and lazy[at] == own
+    assert lazy[:] == values and len(lazy) == len(values)
+    assert repr(lazy) == repr(eager)
+    assert lazy._asdict() == eager._asdict()
+    assert attrs.asdict(lazy, recurse=False) == attrs.asdict(eager, recurse=False)
+    assert pickle.loads(pickle.dumps(lazy)) == eager
+    # A changed copy keeps the offset the value was read with, not one built anew.
+    later = datetime(2024, 5, 2, tzinfo=UTC)
+    for changed in (lazy._replace(db_timestamp=later), attrs.evolve(lazy, db_timestamp=later)):
+        assert changed.db_timestamp == later and changed.offset == own
+        assert changed.offset.timestamp == TS
+    assert lazy != lazy._replace(source="backtracking")

@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from journal.errors import ProtocolError
 from journal.model import EPOCH, TimestampOffset
@@ -121,18 +123,55 @@ def test_emitting_a_batch_is_emitting_its_rows_in_turn() -> None:
         full_row(at(6), "d", 1, at(10)),
     ]
     position, emitted = start.emit_rows(rows)
-    expected = []
-    one_by_one = start
-    for r in rows:
-        after = one_by_one.emit(r[4], r[0], r[3], r[-1])
-        if after is not None:
-            one_by_one = after
-            expected.append((r, after.latest))
-    assert emitted == expected
-    assert position == one_by_one
-    assert [dict(o.seen) for _, o in emitted] == [{"a": 2, "b": 1}, {"a": 3}, {"a": 3, "c": 5},
-                                                  {"d": 1}]  # fmt: skip
+    assert built(emitted) == one_by_one(start, rows)
+    assert position == ScanPosition(built(emitted)[-1][1], at(6))
+    assert [dict(o.seen) for _, o in built(emitted)] == [{"a": 2, "b": 1}, {"a": 3},
+                                                         {"a": 3, "c": 5}, {"d": 1}]  # fmt: skip
+    # A row with a timestamp of its own leaves its offset to be built when read.
+    assert [type(o) for _, o in emitted] == [TimestampOffset, datetime, TimestampOffset, datetime]
     assert start.emit_rows([rows[0]]) == (start, [])
+
+
+@given(
+    st.lists(st.tuples(st.integers(3, 6), st.sampled_from("abc"), st.integers(1, 4)), max_size=12),
+    st.sampled_from([{}, {"a": 2}, {"a": 1, "b": 3}]),
+)
+def test_a_batch_emits_what_its_rows_emit_one_by_one(
+    keys: list[tuple[int, str, int]], seen: dict[str, int]
+) -> None:
+    """Any batch in timestamp order, from any position: the same rows, the same offsets
+    (built where the row's own was left to be built) and the same position after."""
+    start = ScanPosition.at(TimestampOffset(at(3), at(3), seen))
+    rows = [full_row(at(t), pid, seq_nr, at(100 + i)) for i, (t, pid, seq_nr) in
+            enumerate(sorted(keys, key=lambda k: k[0]))]  # fmt: skip
+    position, emitted = start.emit_rows(rows)
+    expected = one_by_one(start, rows)
+    assert built(emitted) == expected
+    assert position.latest == (expected[-1][1] if expected else start.latest)
+    assert dict(position.latest.seen) == dict(expected[-1][1].seen if expected else seen)
+
+
+def one_by_one(
+    start: ScanPosition, rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, TimestampOffset]]:
+    """What `emit` emits for each row in turn, with the offset after it."""
+    emitted = []
+    position = start
+    for r in rows:
+        after = position.emit(r[4], r[0], r[3], r[-1])
+        if after is not None:
+            position = after
+            emitted.append((r, after.latest))
+    return emitted
+
+
+def built(emitted: list[tuple[Any, Any]]) -> list[tuple[Any, TimestampOffset]]:
+    """The emitted rows with their offsets, built where a row's own was left to be (as
+    the envelope builds it: its timestamp, the read time, its id alone seen)."""
+    return [
+        (r, o if isinstance(o, TimestampOffset) else TimestampOffset(r[4], o, {r[0]: r[3]}))
+        for r, o in emitted
+    ]
 
 
 def test_emitting_moves_offset_and_scan_to_the_row() -> None:
