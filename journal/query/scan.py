@@ -73,9 +73,10 @@ class ScanPosition:
         position after the last, and the rows to emit with their offsets, in order.
 
         The same rule as `emit`, without a position per row: a catch-up runs this
-        for every event it reads. A row with a timestamp of its own is emitted with
-        its read time in place of its offset (`Emitted`): the envelope builds that
-        offset from the row's own fields if it is asked for it.
+        for every event it reads. A row whose id is the only one seen at its
+        timestamp (a timestamp of its own, or its append's earlier events only) is
+        emitted with its read time in place of its offset (`Emitted`): the envelope
+        builds that offset from the row's own fields if it is asked for it.
         """
         latest = self.latest
         emitted: list[tuple[Row, Emitted]] = []
@@ -99,10 +100,14 @@ class ScanPosition:
                 continue
             pid = row[at_pid]
             seq_nr = row[at_seq_nr]
-            if own is not None:  # the second row at this timestamp: `seen` built now
-                if own[at_pid] == pid and own[at_seq_nr] >= seq_nr:
+            if own is not None:  # the only id seen at this timestamp is `own`'s
+                if own[at_pid] == pid:  # the id's next event of one append: its own offset
+                    if own[at_seq_nr] >= seq_nr:
+                        continue
+                    own = row
+                    append((row, row[-1]))
                     continue
-                seen = {own[at_pid]: own[at_seq_nr], pid: seq_nr}
+                seen = {own[at_pid]: own[at_seq_nr], pid: seq_nr}  # built now
                 own = None
             elif seen.get(pid, 0) >= seq_nr:
                 continue

@@ -130,6 +130,11 @@ def test_emitting_a_batch_is_emitting_its_rows_in_turn() -> None:
     # A row with a timestamp of its own leaves its offset to be built when read.
     assert [type(o) for _, o in emitted] == [TimestampOffset, datetime, TimestampOffset, datetime]
     assert start.emit_rows([rows[0]]) == (start, [])
+    # An append's events share a timestamp: each one's offset is still its own.
+    append = [full_row(at(7), "e", n, at(11)) for n in (1, 2, 3)]
+    after, emitted = position.emit_rows(append)
+    assert [o for _, o in emitted] == [at(11)] * 3
+    assert after.latest == TimestampOffset(at(7), at(11), {"e": 3})
 
 
 @given(
