@@ -68,14 +68,17 @@ def _attrs_compatible(cls: Any, defaults: Mapping[str, Any]) -> None:
 class _OwnOffset:
     """The `offset` of a tuple-backed value a slice query built, built when read.
 
-    Most rows of a slice query have a timestamp of their own: their offset is that
-    timestamp, the read time and their own id at their seq_nr as `seen`, nothing
-    the row does not hold. Building it for each of them (an offset and its `seen`
-    view: about 0.3 us an event) would be most of what a catch-up spends beyond
+    Most rows of a slice query carry everything their offset holds: their
+    timestamp, the read time and their own id at their seq_nr as `seen` (the only
+    id seen at that timestamp). Building it for each of them (an offset and its
+    `seen` view: about 0.3 us an event) was most of what a catch-up spent beyond
     its rows, and few readers look at every envelope's offset; so the query leaves
     the read time in the offset's place and `offset` builds the offset from the
-    value's own fields when asked. Everything else sees the offset: equality and
-    hashing, iteration and indexing, `_replace`, `_asdict`, pickling and `repr`.
+    value's own fields each time it is read. What a reader of the value uses sees
+    the offset: attribute access, equality and hashing, iteration, unpacking,
+    indexing and `in`, `_replace`, `_asdict`, `attrs`, pickling and `repr`. Only
+    tuple arithmetic (`+`, `*`) and %-formatting with the value as the tuple of
+    arguments see the read time: it is a value with named fields, not a sequence.
     The positions of the id (0), the seq_nr or revision (3) and the timestamp (4)
     are the same in both values; `_OFFSET_AT` is where the offset is.
     """
@@ -86,13 +89,12 @@ class _OwnOffset:
     @property
     def offset(self) -> TimestampOffset | None:
         """Where a slice query is after this value: resume from it to go on right after
-        it (None for values no slice query produced)."""
+        it (None for values no slice query produced). Built when read, for most values
+        a slice query delivers: equal each time, not the same object."""
         offset = _item(self, self._OFFSET_AT)
         if type(offset) is datetime:  # the read time: the row's own offset
-            return _new_tuple(
-                TimestampOffset,
-                (_item(self, 4), offset, MappingProxyType({_item(self, 0): _item(self, 3)})),
-            )
+            pid, _, _, seq_nr, timestamp = _item(self, _HEAD)
+            return _new_tuple(TimestampOffset, (timestamp, offset, MappingProxyType({pid: seq_nr})))
         return offset  # type: ignore[no-any-return]
 
     def _offset_timestamp(self) -> datetime | None:
@@ -102,23 +104,37 @@ class _OwnOffset:
             return _item(self, 4)  # type: ignore[no-any-return]
         return None if offset is None else offset.timestamp
 
+    def _unbuilt(self) -> bool:
+        return type(_item(self, self._OFFSET_AT)) is datetime
+
     def _items(self) -> tuple[Any, ...]:
-        """The fields, the offset built."""
-        at = self._OFFSET_AT
-        if type(_item(self, at)) is not datetime:
-            return tuple(_iter(self))
-        items = list(_iter(self))
-        items[at] = self.offset
-        return tuple(items)
+        """The fields as a plain tuple, the offset built."""
+        items = _item(self, _ALL)  # a slice of a tuple is a plain tuple
+        if type(items[self._OFFSET_AT]) is not datetime:
+            return items  # type: ignore[no-any-return]
+        fields = list(items)
+        fields[self._OFFSET_AT] = self.offset
+        return tuple(fields)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._items())
+        return iter(self._items()) if self._unbuilt() else _iter(self)
 
     def __getitem__(self, index: Any) -> Any:
-        return self._items()[index]
+        return self._items()[index] if self._unbuilt() else _item(self, index)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._items()
+
+    def count(self, value: Any) -> int:
+        return self._items().count(value)
+
+    def index(self, value: Any, *bounds: Any) -> int:
+        return self._items().index(value, *bounds)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _OwnOffset):
+            if not self._unbuilt() and not other._unbuilt():
+                return _tuple_eq(self, other)  # type: ignore[no-any-return]
             return self._items() == other._items()
         if isinstance(other, tuple):
             return self._items() == other
@@ -129,7 +145,7 @@ class _OwnOffset:
         return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
-        return hash(self._items())
+        return hash(self._items()) if self._unbuilt() else _tuple_hash(self)
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -139,9 +155,13 @@ class _OwnOffset:
         return f"{type(self).__name__}({fields})"
 
 
-# The tuple's own item access, past `_OwnOffset`'s.
-_item: Final[Callable[[Any, int], Any]] = tuple.__getitem__
+# The tuple's own methods, past `_OwnOffset`'s.
+_item: Final[Callable[[Any, Any], Any]] = tuple.__getitem__
 _iter: Final[Callable[[Any], Iterator[Any]]] = tuple.__iter__
+_tuple_eq: Final[Callable[[Any, Any], Any]] = tuple.__eq__
+_tuple_hash: Final[Callable[[Any], int]] = tuple.__hash__
+_ALL: Final = slice(None)
+_HEAD: Final = slice(5)  # id, entity type, slice, seq_nr or revision, timestamp
 
 
 class _Marker:

@@ -30,7 +30,9 @@ def offset_after(
     timestamp, _, seen = offset
     if ts > timestamp:
         return _new(TimestampOffset, (ts, read_timestamp, _proxy({pid: seq_nr})))
-    if ts < timestamp or seen.get(pid, 0) >= seq_nr:
+    # -1 for an id not seen there: it emitted nothing, not even a seq_nr 0 (the
+    # tombstone `delete_all` leaves when it resets the id's sequence).
+    if ts < timestamp or seen.get(pid, -1) >= seq_nr:
         return None
     return _new(TimestampOffset, (ts, read_timestamp, _proxy({**seen, pid: seq_nr})))
 
@@ -109,7 +111,7 @@ class ScanPosition:
                     continue
                 seen = {own[at_pid]: own[at_seq_nr], pid: seq_nr}  # built now
                 own = None
-            elif seen.get(pid, 0) >= seq_nr:
+            elif seen.get(pid, -1) >= seq_nr:  # -1: as `offset_after`
                 continue
             else:
                 seen = {**seen, pid: seq_nr}

@@ -135,7 +135,9 @@ def test_an_offset_left_to_be_built_is_the_offset_everywhere(kind: str) -> None:
     assert lazy == eager and eager == lazy and (lazy != eager) is False
     assert hash(lazy) == hash(eager)
     assert tuple(lazy) == values and list(lazy) == list(values) and lazy[at] == own
-    assert lazy[:] == values and len(lazy) == len(values)
+    assert lazy[:] == values and len(lazy) == len(values) and lazy[-1] == values[-1]
+    assert own in lazy and read_at not in lazy and lazy.count(own) == 1
+    assert lazy.index(own) == eager.index(own) == at
     assert repr(lazy) == repr(eager)
     assert lazy._asdict() == eager._asdict()
     assert attrs.asdict(lazy, recurse=False) == attrs.asdict(eager, recurse=False)

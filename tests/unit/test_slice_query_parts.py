@@ -137,6 +137,19 @@ def test_emitting_a_batch_is_emitting_its_rows_in_turn() -> None:
     assert after.latest == TimestampOffset(at(7), at(11), {"e": 3})
 
 
+def test_a_reset_tombstone_at_a_timestamp_another_id_has_is_emitted() -> None:
+    """`delete_all(reset_sequence_number=True)` leaves a tombstone at seq_nr 0; an id not
+    seen at a timestamp has emitted nothing there, that seq_nr included."""
+    start = ScanPosition.at(TimestampOffset(at(3), at(3), {"a": 5}))
+    after = start.emit(at(3), "b", 0, at(9))
+    assert after is not None and dict(after.latest.seen) == {"a": 5, "b": 0}
+    assert after.emit(at(3), "b", 0, at(9)) is None  # but only once
+    rows = [full_row(at(4), "a", 1, at(9)), full_row(at(4), "b", 0, at(9)),
+            full_row(at(4), "c", 0, at(9))]  # fmt: skip
+    _, emitted = start.emit_rows(rows)
+    assert [r[0] for r, _ in built(emitted)] == ["a", "b", "c"]
+
+
 @given(
     st.lists(st.tuples(st.integers(3, 6), st.sampled_from("abc"), st.integers(1, 4)), max_size=12),
     st.sampled_from([{}, {"a": 2}, {"a": 1, "b": 3}]),
