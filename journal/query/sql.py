@@ -7,6 +7,7 @@ complete buckets) are visible side by side.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -106,6 +107,22 @@ SLICE_RANGE = sql.SQL(
     "entity_type = %(entity_type)s AND slice BETWEEN %(min_slice)s AND %(max_slice)s"
 )
 
+# The slice query's own statements name a range's slices one by one (`slice_list`), so
+# that the slice index (slice, entity_type, db_timestamp, ...) is read as one bounded
+# scan per slice. With `BETWEEN`, PostgreSQL before 18 (no skip scan) bounds the scan by
+# the slices only and reads every index entry of the range to find a stretch of time:
+# each catch-up chunk and each live poll then costs as much as the range holds
+# (EXPLAIN ANALYZE of a 2,030-row chunk over 256 slices of 200k events, PostgreSQL 15:
+# 3.9 ms with BETWEEN, 2.0 ms with this; PostgreSQL 18 about the same for both).
+SLICES = sql.SQL("entity_type = %(entity_type)s AND slice = ANY(%(slices)s::int[])")
+
+
+@functools.lru_cache(maxsize=64)
+def slice_list(min_slice: int, max_slice: int) -> str:
+    """The slices min..max as an int[] literal (`SLICES`' parameter): one short string per
+    range, which psycopg sends as it is, instead of a list dumped value by value."""
+    return "{" + ",".join(map(str, range(min_slice, max_slice + 1))) + "}"
+
 
 _IS_TOMBSTONE = sql.SQL(
     "(event_ser_id = %(tombstone_ser_id)s AND event_ser_manifest = %(tombstone)s)"
@@ -164,9 +181,9 @@ def slice_rows(
     matched, filter_params = filter_matches(event_filter)
     params |= filter_params
     delivered, delivered_params = delivered_rows()
-    params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice,
+    params |= {"entity_type": entity_type, "slices": slice_list(min_slice, max_slice),
                **delivered_params}  # fmt: skip
-    shared: list[sql.Composable] = [SLICE_RANGE, *bounds]
+    shared: list[sql.Composable] = [SLICES, *bounds]
     if query.exclude:
         # Events at exactly the start timestamp that were already emitted.
         shared.append(
@@ -275,11 +292,10 @@ def slice_buckets(
     slice layout (the durable state's); the journal by default.
     """
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
-    where: list[sql.Composable] = [SLICE_RANGE, *bounds]
+    where: list[sql.Composable] = [SLICES, *bounds]
     params |= {
         "entity_type": entity_type,
-        "min_slice": min_slice,
-        "max_slice": max_slice,
+        "slices": slice_list(min_slice, max_slice),
         "limit": query.limit,
         # Buckets by `date_bin`, and the epoch seconds once per bucket: `extract(epoch
         # ...)` is numeric arithmetic, and per row it made the count three times slower

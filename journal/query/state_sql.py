@@ -18,7 +18,7 @@ from psycopg import sql
 
 from journal.durable_state import DELETED_SQL, STATE_COLUMNS, STATE_PAYLOAD_COLUMN
 from journal.query.by_slice import RowsQuery
-from journal.query.sql import SLICE_RANGE, time_bounds
+from journal.query.sql import SLICES, slice_list, time_bounds
 from journal.tables import Tables
 
 
@@ -76,8 +76,8 @@ def state_rows(
     (db_timestamp, revision); the last column is the read time. Deletion markers are
     rows like any other: readers learn of the deletion from them."""
     bounds, params = time_bounds(query.from_timestamp, query.until_exclusive, query.to_inclusive)
-    where: list[sql.Composable] = [SLICE_RANGE, *bounds]
-    params |= {"entity_type": entity_type, "min_slice": min_slice, "max_slice": max_slice}
+    where: list[sql.Composable] = [SLICES, *bounds]
+    params |= {"entity_type": entity_type, "slices": slice_list(min_slice, max_slice)}
     if query.exclude:
         # Changes at exactly the start timestamp that were already emitted.
         where.append(

@@ -79,3 +79,20 @@ def test_a_write_is_checked_before_anything_is_written() -> None:
     with pytest.raises(InvalidArgument):
         state_params(registry, "Cart|1", 1, {}, "tag")
     assert state_params(registry, "Cart|1", 2, None, (), delete=True)["payload"] == b""
+
+
+@pytest.mark.timeout(10)
+def test_each_source_names_the_slices_of_its_range_one_by_one() -> None:
+    """`slice = ANY(...)` of exactly min..max (PostgreSQL before 18 then reads one bounded
+    scan per slice instead of the whole range's index): rows, bucket counts, states."""
+    query = RowsQuery(False, T0, {}, None, None, timedelta(0), 10)
+    buckets = BucketsQuery(T0, None, None, 10)
+    for statement, params in (
+        EVENTS.rows(TABLES, "Cart", 3, 6, query, None),
+        STATE_CHANGES.rows(TABLES, "Cart", 3, 6, query, None),
+        EVENTS.buckets(TABLES, "Cart", 3, 6, buckets, timedelta(0)),
+        STATE_CHANGES.buckets(TABLES, "Cart", 3, 6, buckets, timedelta(0)),
+    ):
+        assert "slice = ANY(%(slices)s::int[])" in statement.as_string(None)
+        assert params["slices"] == "{3,4,5,6}"
+    assert EVENTS.rows(TABLES, "Cart", 7, 7, query, None)[1]["slices"] == "{7}"
