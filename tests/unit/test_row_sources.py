@@ -12,7 +12,7 @@ from journal.durable_state import STATE_COLUMNS, rows_to_changes, state_params
 from journal.errors import InvalidArgument
 from journal.model import NOT_LOADED, TimestampOffset
 from journal.query.by_slice import BucketsQuery, RowsQuery
-from journal.query.source import EVENTS, STATE_CHANGES
+from journal.query.source import EVENTS, EVENTS_FROM_SNAPSHOTS, STATE_CHANGES
 from journal.rows import COLUMNS, ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR
 from journal.tables import Tables
 
@@ -89,10 +89,15 @@ def test_each_source_names_the_slices_of_its_range_one_by_one() -> None:
     buckets = BucketsQuery(T0, None, None, 10)
     for statement, params in (
         EVENTS.rows(TABLES, "Cart", 3, 6, query, None),
+        EVENTS_FROM_SNAPSHOTS.rows(TABLES, "Cart", 3, 6, query, None),
         STATE_CHANGES.rows(TABLES, "Cart", 3, 6, query, None),
         EVENTS.buckets(TABLES, "Cart", 3, 6, buckets, timedelta(0)),
         STATE_CHANGES.buckets(TABLES, "Cart", 3, 6, buckets, timedelta(0)),
     ):
         assert "slice = ANY(%(slices)s::int[])" in statement.as_string(None)
         assert params["slices"] == "{3,4,5,6}"
+    snapshots, _ = EVENTS_FROM_SNAPSHOTS.rows(TABLES, "Cart", 3, 6, query, None)
+    assert "BETWEEN" not in snapshots.as_string(None)  # the snapshot table's scans too
     assert EVENTS.rows(TABLES, "Cart", 7, 7, query, None)[1]["slices"] == "{7}"
+    every = EVENTS.rows(TABLES, "Cart", 0, 1023, query, None)[1]["slices"]
+    assert [int(s) for s in every.strip("{}").split(",")] == list(range(1024))
