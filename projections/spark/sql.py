@@ -20,9 +20,11 @@ from journal.durable_state import DELETED_SQL
 from journal.model import FILTERED_MANIFEST, FILTERED_SER_ID
 from journal.query.sql import (
     SLICE_RANGE,
+    SLICES,
     delivered_rows,
     filter_matches,
     not_covered_by_snapshot,
+    slice_list,
     time_bounds,
 )
 from journal.serialization import JSON_SERIALIZER_ID
@@ -86,7 +88,13 @@ class ReadPlan:
 
 
 def _range_params(options: SourceOptions, r: SliceRange) -> dict[str, Any]:
-    return {"entity_type": options.entity_type, "min_slice": r.min_slice, "max_slice": r.max_slice}
+    """The parameters of `SLICE_RANGE` and of `SLICES` (the slices one by one)."""
+    return {
+        "entity_type": options.entity_type,
+        "min_slice": r.min_slice,
+        "max_slice": r.max_slice,
+        "slices": slice_list(r.min_slice, r.max_slice),
+    }
 
 
 def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
@@ -101,6 +109,8 @@ def partition_rows(plan: ReadPlan) -> tuple[sql.Composed, dict[str, Any]]:
     snapshot's seq_nr (`_from_snapshots`)."""
     bounds, params = time_bounds(plan.from_timestamp, plan.until_exclusive, plan.to_inclusive)
     delivered, delivered_params = delivered_rows()
+    # BETWEEN, not the slices one by one (`SLICES`): a partition reads its whole range,
+    # often by a sequential scan, where BETWEEN is two comparisons a row.
     shared: list[sql.Composable] = [SLICE_RANGE, *bounds]
     params |= _range_params(plan.options, plan.slice_range) | delivered_params
     if plan.persistence_ids:
@@ -214,8 +224,10 @@ def stream_bounds(
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """(newest, nth): the newest row at or after `start` and below `bound` (the batch
     bound of `offsets.batch_bound`), and the `limit`-th such row (NULL without a limit)."""
+    # The slices one by one: a stretch of time of the range, one bounded index scan per
+    # slice on PostgreSQL before 18 too (`journal.query.sql.SLICES`).
     behind: list[sql.Composable] = [
-        SLICE_RANGE,
+        SLICES,
         sql.SQL("db_timestamp >= %(from_ts)s"),
         sql.SQL("db_timestamp < %(bound)s"),
     ]
@@ -253,9 +265,9 @@ def window_count(
     if options.read == DURABLE_STATE:
         statement = sql.SQL(
             "SELECT coalesce(sum(revision), 0) FROM {t} WHERE {r} AND db_timestamp >= %(lo)s"
-        ).format(t=_table(options), r=SLICE_RANGE)
+        ).format(t=_table(options), r=SLICES)
         return statement, params
     statement = sql.SQL(
         "SELECT count(*) FROM {j} WHERE {r} AND db_timestamp >= %(lo)s AND db_timestamp < %(hi)s"
-    ).format(j=_table(options), r=SLICE_RANGE)
+    ).format(j=_table(options), r=SLICES)
     return statement, params
