@@ -94,7 +94,7 @@ class _OwnOffset:
         offset = _item(self, self._OFFSET_AT)
         if type(offset) is datetime:  # the read time: the row's own offset
             pid, _, _, seq_nr, timestamp = _item(self, _HEAD)
-            return _new_tuple(TimestampOffset, (timestamp, offset, MappingProxyType({pid: seq_nr})))
+            return own_offset(timestamp, offset, pid, seq_nr)
         return offset  # type: ignore[no-any-return]
 
     def _offset_timestamp(self) -> datetime | None:
@@ -260,6 +260,15 @@ _attrs_compatible(TimestampOffset, {"read_timestamp": EPOCH, "seen": None})
 
 
 _new_tuple: Final = tuple.__new__
+
+
+def own_offset(
+    timestamp: datetime, read_timestamp: datetime, pid: str, seq_nr: int
+) -> TimestampOffset:
+    """A row's own offset: its timestamp and read time, and only its id (at its seq_nr)
+    seen there. What the slice query leaves unbuilt (`_OwnOffset`), and what it builds
+    for a row with a timestamp of its own; `TimestampOffset` without its `__new__`."""
+    return _new_tuple(TimestampOffset, (timestamp, read_timestamp, MappingProxyType({pid: seq_nr})))
 
 
 @attrs.frozen

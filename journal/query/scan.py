@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from journal.model import TimestampOffset
+from journal.model import TimestampOffset, own_offset
 from journal.rows import ROW_DB_TIMESTAMP, ROW_PID, ROW_SEQ_NR, Emitted, Row
 
 
@@ -29,7 +29,7 @@ def offset_after(
     """
     timestamp, _, seen = offset
     if ts > timestamp:
-        return _new(TimestampOffset, (ts, read_timestamp, _proxy({pid: seq_nr})))
+        return own_offset(ts, read_timestamp, pid, seq_nr)
     # -1 for an id not seen there: it emitted nothing, not even a seq_nr 0 (the
     # tombstone `delete_all` leaves when it resets the id's sequence).
     if ts < timestamp or seen.get(pid, -1) >= seq_nr:
@@ -120,7 +120,7 @@ class ScanPosition:
         if not emitted:
             return self, emitted
         if own is not None:
-            latest = new(offset, (timestamp, own[-1], proxy({own[at_pid]: own[at_seq_nr]})))
+            latest = own_offset(timestamp, own[-1], own[at_pid], own[at_seq_nr])
         return ScanPosition(latest, latest.timestamp), emitted
 
     def skip_to(self, end: datetime) -> ScanPosition:
