@@ -66,6 +66,9 @@ _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # float; the standard library keeps it exact.
 _LONG_NUMBER: Final = re.compile(rb"\d{19}")
 _DIGITS: Final = b"0123456789"
+# The range of the `*_ser_id` columns (INTEGER).
+_MIN_INT4: Final = -(2**31)
+_MAX_INT4: Final = 2**31 - 1
 
 
 def _loads(data: bytes) -> Any:
@@ -571,6 +574,15 @@ class SerializerRegistry:
 
     def add(self, serializer: Serializer, *, for_types: tuple[type, ...] = ()) -> None:
         """Make `serializer` readable by its id, and the writer for `for_types`."""
+        if (
+            isinstance(serializer.id, bool)
+            or not isinstance(serializer.id, int)
+            or not _MIN_INT4 <= serializer.id <= _MAX_INT4
+        ):
+            raise SerializationError(
+                f"serializer id {serializer.id!r} is not an int in PostgreSQL's integer range "
+                f"({_MIN_INT4} .. {_MAX_INT4}): it is stored in an INTEGER column"
+            )
         existing = self._by_id.get(serializer.id)
         if existing is not None and existing is not serializer:
             raise SerializationError(f"serializer id {serializer.id} is already taken")

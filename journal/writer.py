@@ -29,9 +29,11 @@ from psycopg import pq, sql
 
 from journal.errors import InvalidArgument, SerializationError
 from journal.model import EventEnvelope, SerializedPayload, new_envelope
+from journal.query.by_persistence_id import MAX_SEQ_NR
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables, rendered
+from journal.wire import BYTEA, INT4, INT8, TEXT, TEXT_ARRAY, WireStatement, WireType, timestamptz
 
 MAX_TAG_LENGTH = 255
 
@@ -71,6 +73,11 @@ def prepare_append(
         raise InvalidArgument("events must be a sequence (list or tuple) of events")
     if not events:
         raise InvalidArgument(f"append to {pid!r} needs at least one event")
+    if expected_seq_nr + len(events) > MAX_SEQ_NR:
+        raise InvalidArgument(
+            f"append to {pid!r}: seq_nr {expected_seq_nr + len(events)} is beyond the "
+            f"largest a journal stores ({MAX_SEQ_NR}, a bigint)"
+        )
     if isinstance(tags, str):
         raise InvalidArgument("tags must be a sequence of str, not a single str")
     tag_tuple = tuple(tags)
@@ -173,22 +180,47 @@ MARK_DELETED = sql.SQL(
 
 _NAMED = re.compile(r"%\((\w+)\)b")
 
+# The type of each parameter of the scalar appends (one event, or VALUES rows), for
+# running them through libpq (`WireStatement`); `ser_id2` is typed as `ser_id`.
+_PARAM_TYPES: dict[str, WireType] = {
+    "pid": TEXT,
+    "slice": INT4,
+    "entity_type": TEXT,
+    "writer": TEXT,
+    "tags": TEXT_ARRAY,
+    "meta_ser_id": INT4,
+    "meta_manifest": TEXT,
+    "meta_payload": BYTEA,
+    "expected": INT8,
+    "ser_id": INT4,
+    "manifest": TEXT,
+    "payload": BYTEA,
+} | {
+    name: kind
+    for keys in _VALUES_KEYS
+    for name, kind in zip(keys, (INT4, TEXT, BYTEA), strict=True)
+}
+
 
 @attrs.frozen
 class Positional:
     """A statement written with `%(name)b` placeholders, as PostgreSQL numbers them
     (`$1`, `$2`, ...; a name used twice is one number): run it with a raw cursor
-    and `values`."""
+    and `values`, or, where its parameters' types are given, as `wire` through libpq
+    (`journal/aio/prepared.py`)."""
 
     text: str
     names: tuple[str, ...]
+    wire: WireStatement | None = None
 
     @classmethod
-    def of(cls, statement: sql.Composable) -> Positional:
+    def of(cls, statement: sql.Composable, types: dict[str, WireType] | None = None) -> Positional:
         text = rendered(statement)
         names = tuple(dict.fromkeys(_NAMED.findall(text)))
         numbers = {name: f"${i}" for i, name in enumerate(names, start=1)}
-        return cls(_NAMED.sub(lambda m: numbers[m.group(1)], text), names)
+        numbered = _NAMED.sub(lambda m: numbers[m.group(1)], text)
+        wire = None if types is None else WireStatement.of(numbered, names, types)
+        return cls(numbered, names, wire)
 
     def values(self, params: dict[str, Any]) -> list[Any]:
         """The parameters in the statement's order."""
@@ -227,7 +259,8 @@ class WriterSql:
                 sql.SQL("{prev} {insert} RETURNING 1, db_timestamp").format(
                     prev=prev,
                     insert=_INSERT.format(journal=journal, **_ONE_EVENT),
-                )
+                ),
+                _PARAM_TYPES,
             ),
             # A few events as VALUES rows: one result row (1, timestamp) per event,
             # all with the same timestamp; the first is read. No row when
@@ -237,7 +270,8 @@ class WriterSql:
                     sql.SQL("{prev} {insert} RETURNING 1, db_timestamp").format(
                         prev=prev,
                         insert=_INSERT.format(journal=journal, **_values_events(count)),
-                    )
+                    ),
+                    _PARAM_TYPES,
                 )
                 for count in range(2, MAX_VALUES_EVENTS + 1)
             ),
@@ -257,6 +291,12 @@ class WriterSql:
     def append_statement(self, batch: PreparedAppend, writer_id: str) -> tuple[str, list[Any]]:
         """The statement that stores a prepared batch, and its parameters: numbered
         placeholders, for a raw cursor (`AsyncRawCursor`, `RawCursor`)."""
+        statement, values = self.append_call(batch, writer_id)
+        return statement.text, values
+
+    def append_call(self, batch: PreparedAppend, writer_id: str) -> tuple[Positional, list[Any]]:
+        """The statement that stores a prepared batch (with its `wire` form for a batch
+        of up to `MAX_VALUES_EVENTS` events), and its parameters in order."""
         meta = batch.meta
         payloads = batch.payloads
         params: dict[str, Any] = {
@@ -276,18 +316,18 @@ class WriterSql:
             params["ser_id"] = payload.serializer_id
             params["manifest"] = payload.manifest
             params["payload"] = payload.payload
-            return self.append_one.text, self.append_one.values(params)
+            return self.append_one, self.append_one.values(params)
         if count <= MAX_VALUES_EVENTS:
             for (ser_id, manifest, data), payload in zip(_VALUES_KEYS, payloads, strict=False):
                 params[ser_id] = payload.serializer_id
                 params[manifest] = payload.manifest
                 params[data] = payload.payload
             statement = self.append_values[count - 2]
-            return statement.text, statement.values(params)
+            return statement, statement.values(params)
         params["ser_ids"] = [p.serializer_id for p in payloads]
         params["manifests"] = [p.manifest for p in payloads]
         params["payloads"] = [p.payload for p in payloads]
-        return self.append.text, self.append.values(params)
+        return self.append, self.append.values(params)
 
 
 def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:
@@ -296,6 +336,15 @@ def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:
         return None
     stored_at: datetime = row[1]
     return stored_at
+
+
+def stored_timestamp_in(result: pq.abc.PGresult) -> datetime | None:
+    """`stored_timestamp` from a scalar append's binary result (`Positional.wire`): its
+    rows are (1, db_timestamp), none if nothing was inserted."""
+    if result.ntuples == 0:
+        return None
+    data = result.get_value(0, 1)
+    return None if data is None else timestamptz(data)
 
 
 def appended_envelopes(

@@ -18,6 +18,7 @@ import psycopg
 from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg_pool import AsyncConnectionPool
 
+from journal.aio import prepared
 from journal.aio.notifications import Notifier, send_notification
 from journal.errors import ConcurrencyError
 from journal.model import EventEnvelope
@@ -32,11 +33,13 @@ from journal.telemetry import (
     current_telemetry,
 )
 from journal.writer import (
+    Positional,
     PreparedAppend,
     WriterSql,
     appended_envelopes,
     opens_caller_transaction,
     stored_timestamp,
+    stored_timestamp_in,
 )
 
 
@@ -83,13 +86,13 @@ class EventWriter:
     async def _append(
         self, batch: PreparedAppend, conn: AsyncConnection[Any] | None
     ) -> list[EventEnvelope]:
-        statement = self._sql.append_statement(batch, self._writer_id)
+        statement, values = self._sql.append_call(batch, self._writer_id)
         if conn is not None:
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
             async with callers_savepoint(conn):
-                stored_at = await self._insert(conn, statement)
+                stored_at = await self._insert(conn, statement, values, own=False)
                 if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
                 if self._notifier is not None:
@@ -105,7 +108,7 @@ class EventWriter:
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
             async with self._pool.connection() as own:
-                stored_at = await self._insert(own, statement)
+                stored_at = await self._insert(own, statement, values, own=True)
                 if stored_at is None:
                     # Ask on the connection already held: taking a second one from the
                     # pool while holding this one can exhaust the pool under contention.
@@ -117,12 +120,23 @@ class EventWriter:
         return appended_envelopes(batch, stored_at, self._writer_id)
 
     async def _insert(
-        self, conn: AsyncConnection[Any], statement: tuple[str, list[Any]]
+        self, conn: AsyncConnection[Any], statement: Positional, values: list[Any], *, own: bool
     ) -> datetime | None:
-        """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
+        """The batch's db_timestamp; None if `expected_seq_nr` was not current.
+
+        On the pool's own (idle, autocommit) connections a scalar append runs through
+        libpq, prepared (`prepared.run`); a caller's connection, whose transaction and
+        mode are the caller's, and whatever that path declines, use a raw cursor.
+        """
         try:
+            if own and statement.wire is not None:
+                encoded = statement.wire.encode(values)
+                if encoded is not None:
+                    result = await prepared.run(conn, statement.wire, encoded)
+                    if result is not prepared.NOT_RUN:
+                        return stored_timestamp_in(result)
             async with AsyncRawCursor(conn) as cur:  # `WriterSql`: numbered placeholders
-                await cur.execute(*statement)
+                await cur.execute(statement.text, values)
                 row = await cur.fetchone()
         except psycopg.errors.UniqueViolation:
             return None

@@ -24,6 +24,7 @@ from journal.errors import ConcurrencyError
 from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
 from journal.serialization import SerializerRegistry
+from journal.sync import prepared
 from journal.sync.notifications import Notifier, send_notification
 from journal.tables import Tables
 from journal.telemetry import (
@@ -34,11 +35,13 @@ from journal.telemetry import (
     current_telemetry,
 )
 from journal.writer import (
+    Positional,
     PreparedAppend,
     WriterSql,
     appended_envelopes,
     opens_caller_transaction,
     stored_timestamp,
+    stored_timestamp_in,
 )
 
 
@@ -83,13 +86,13 @@ class EventWriter:
             telemetry.append_ended(started, batch.entity_type, events, elapsed, outcome)
 
     def _append(self, batch: PreparedAppend, conn: Connection[Any] | None) -> list[EventEnvelope]:
-        statement = self._sql.append_statement(batch, self._writer_id)
+        statement, values = self._sql.append_call(batch, self._writer_id)
         if conn is not None:
             # The caller owns the transaction: run inside a savepoint so a
             # conflict does not poison the caller's other work, and notify
             # inside it (delivered only if the caller commits).
             with callers_savepoint(conn):
-                stored_at = self._insert(conn, statement)
+                stored_at = self._insert(conn, statement, values, own=False)
                 if stored_at is None:
                     raise psycopg.Rollback()  # back to the savepoint, then report below
                 if self._notifier is not None:
@@ -105,7 +108,7 @@ class EventWriter:
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
             with self._pool.connection() as own:
-                stored_at = self._insert(own, statement)
+                stored_at = self._insert(own, statement, values, own=True)
                 if stored_at is None:
                     # Ask on the connection already held: taking a second one from the
                     # pool while holding this one can exhaust the pool under contention.
@@ -116,11 +119,24 @@ class EventWriter:
                 self._notifier.changed(batch.entity_type, batch.slice)
         return appended_envelopes(batch, stored_at, self._writer_id)
 
-    def _insert(self, conn: Connection[Any], statement: tuple[str, list[Any]]) -> datetime | None:
-        """The batch's db_timestamp; None if `expected_seq_nr` was not current."""
+    def _insert(
+        self, conn: Connection[Any], statement: Positional, values: list[Any], *, own: bool
+    ) -> datetime | None:
+        """The batch's db_timestamp; None if `expected_seq_nr` was not current.
+
+        On the pool's own (idle, autocommit) connections a scalar append runs through
+        libpq, prepared (`prepared.run`); a caller's connection, whose transaction and
+        mode are the caller's, and whatever that path declines, use a raw cursor.
+        """
         try:
+            if own and statement.wire is not None:
+                encoded = statement.wire.encode(values)
+                if encoded is not None:
+                    result = prepared.run(conn, statement.wire, encoded)
+                    if result is not prepared.NOT_RUN:
+                        return stored_timestamp_in(result)
             with RawCursor(conn) as cur:  # `WriterSql`: numbered placeholders
-                cur.execute(*statement)
+                cur.execute(statement.text, values)
                 row = cur.fetchone()
         except psycopg.errors.UniqueViolation:
             return None
