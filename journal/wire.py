@@ -19,12 +19,16 @@ statement through psycopg as before, which reports the problem as it always did.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import attrs
+from psycopg import pq, sql
+
+from journal.tables import rendered
 
 # Type OIDs (pg_type), fixed since PostgreSQL 7.
 INT4_OID: Final = 23
@@ -59,19 +63,43 @@ def _text_array(value: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
+def _unpack_int(format: struct.Struct) -> Callable[[bytes], int]:
+    def decode(data: bytes) -> int:
+        value: int = format.unpack(data)[0]
+        return value
+
+    return decode
+
+
+_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def timestamptz(data: bytes) -> datetime:
+    """A binary `timestamptz` (microseconds since 2000-01-01 UTC) as a UTC datetime, as
+    psycopg reads one on a UTC session (the journal's readers are)."""
+    return _PG_EPOCH + timedelta(microseconds=_INT8.unpack(data)[0])
+
+
+def _unsupported(data: bytes) -> Any:
+    raise NotImplementedError("this type is written, never read, through the wire path")
+
+
 @attrs.frozen
 class WireType:
-    """A parameter type: its OID and how a Python value is written in the binary format."""
+    """A type: its OID, and how a Python value is written in (`encode`) and read from
+    (`decode`) the binary format."""
 
     oid: int
     encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], Any] = _unsupported
 
 
-INT4: Final = WireType(INT4_OID, _INT4.pack)
-INT8: Final = WireType(INT8_OID, _INT8.pack)
+INT4: Final = WireType(INT4_OID, _INT4.pack, _unpack_int(_INT4))
+INT8: Final = WireType(INT8_OID, _INT8.pack, _unpack_int(_INT8))
 TEXT: Final = WireType(TEXT_OID, _text)
 BYTEA: Final = WireType(BYTEA_OID, _bytea)
 TEXT_ARRAY: Final = WireType(TEXT_ARRAY_OID, _text_array)
+TIMESTAMPTZ: Final = WireType(1184, _unsupported, timestamptz)
 
 # Errors a value that does not fit its type raises while being encoded.
 _MISFITS: Final = (struct.error, UnicodeEncodeError, TypeError, AttributeError, ValueError)
@@ -79,17 +107,26 @@ _MISFITS: Final = (struct.error, UnicodeEncodeError, TypeError, AttributeError, 
 
 @attrs.frozen
 class WireStatement:
-    """A statement with numbered placeholders (`$1`), its parameters' types, and the
-    name it is prepared under (derived from its text, so equal statements share it)."""
+    """A statement with numbered placeholders (`$1`), its parameters' types, the types of
+    the result's leading columns that are read, and the name it is prepared under
+    (derived from its text, so equal statements share it)."""
 
     name: bytes
     text: bytes
     oids: tuple[int, ...]
     encoders: tuple[Callable[[Any], bytes], ...]
+    decoders: tuple[Callable[[bytes], Any], ...]
 
     @classmethod
-    def of(cls, text: str, names: Sequence[str], types: Mapping[str, WireType]) -> WireStatement:
-        """The statement `text` whose parameters `names` (in order) have these `types`."""
+    def of(
+        cls,
+        text: str,
+        names: Sequence[str],
+        types: Mapping[str, WireType],
+        returns: Sequence[WireType],
+    ) -> WireStatement:
+        """The statement `text` whose parameters `names` (in order) have these `types`, and
+        whose result's first columns are of the types `returns`."""
         wire = [types[name] for name in names]
         digest = hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:24]
         return cls(
@@ -97,6 +134,7 @@ class WireStatement:
             text=text.encode("utf-8"),
             oids=tuple(w.oid for w in wire),
             encoders=tuple(w.encode for w in wire),
+            decoders=tuple(r.decode for r in returns),
         )
 
     def encode(self, values: Sequence[Any]) -> list[bytes | None] | None:
@@ -109,11 +147,47 @@ class WireStatement:
         except _MISFITS:
             return None
 
+    def first_row(self, result: pq.abc.PGresult) -> tuple[Any, ...] | None:
+        """The leading columns of the result's first row (binary), None without a row."""
+        if result.ntuples == 0:
+            return None
+        values = (result.get_value(0, i) for i in range(len(self.decoders)))
+        return tuple(
+            None if data is None else decode(data)
+            for decode, data in zip(self.decoders, values, strict=True)
+        )
 
-_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
+
+_NAMED: Final = re.compile(r"%\((\w+)\)b")
 
 
-def timestamptz(data: bytes) -> datetime:
-    """A binary `timestamptz` (microseconds since 2000-01-01 UTC) as a UTC datetime, as
-    psycopg reads one on a UTC session (the journal's readers are)."""
-    return _PG_EPOCH + timedelta(microseconds=_INT8.unpack(data)[0])
+@attrs.frozen
+class Positional:
+    """A statement written with `%(name)b` placeholders, as PostgreSQL numbers them
+    (`$1`, `$2`, ...; a name used twice is one number): run it with a raw cursor
+    and `values`, or, where its parameters' types are given, as `wire` through libpq
+    (`journal/aio/prepared.py`)."""
+
+    text: str
+    names: tuple[str, ...]
+    wire: WireStatement | None = None
+
+    @classmethod
+    def of(
+        cls,
+        statement: sql.Composable,
+        types: Mapping[str, WireType] | None = None,
+        returns: Sequence[WireType] = (),
+    ) -> Positional:
+        """The statement, with a `wire` form if `types` (by placeholder name) are given;
+        `returns`: the types of its result's first columns, those `first_row` reads."""
+        text = rendered(statement)
+        names = tuple(dict.fromkeys(_NAMED.findall(text)))
+        numbers = {name: f"${i}" for i, name in enumerate(names, start=1)}
+        numbered = _NAMED.sub(lambda m: numbers[m.group(1)], text)
+        wire = None if types is None else WireStatement.of(numbered, names, types, returns)
+        return cls(numbered, names, wire)
+
+    def values(self, params: Mapping[str, Any]) -> list[Any]:
+        """The parameters in the statement's order."""
+        return [params[name] for name in self.names]

@@ -19,7 +19,6 @@ a tenth of the client's CPU per append.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -32,8 +31,8 @@ from journal.model import EventEnvelope, SerializedPayload, new_envelope
 from journal.query.by_persistence_id import MAX_SEQ_NR
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
-from journal.tables import Tables, rendered
-from journal.wire import BYTEA, INT4, INT8, TEXT, TEXT_ARRAY, WireStatement, WireType, timestamptz
+from journal.tables import Tables
+from journal.wire import BYTEA, INT4, INT8, TEXT, TEXT_ARRAY, TIMESTAMPTZ, Positional, WireType
 
 MAX_TAG_LENGTH = 255
 
@@ -178,8 +177,6 @@ MARK_DELETED = sql.SQL(
 )
 
 
-_NAMED = re.compile(r"%\((\w+)\)b")
-
 # The type of each parameter of the scalar appends (one event, or VALUES rows), for
 # running them through libpq (`WireStatement`); `ser_id2` is typed as `ser_id`.
 _PARAM_TYPES: dict[str, WireType] = {
@@ -200,31 +197,8 @@ _PARAM_TYPES: dict[str, WireType] = {
     for keys in _VALUES_KEYS
     for name, kind in zip(keys, (INT4, TEXT, BYTEA), strict=True)
 }
-
-
-@attrs.frozen
-class Positional:
-    """A statement written with `%(name)b` placeholders, as PostgreSQL numbers them
-    (`$1`, `$2`, ...; a name used twice is one number): run it with a raw cursor
-    and `values`, or, where its parameters' types are given, as `wire` through libpq
-    (`journal/aio/prepared.py`)."""
-
-    text: str
-    names: tuple[str, ...]
-    wire: WireStatement | None = None
-
-    @classmethod
-    def of(cls, statement: sql.Composable, types: dict[str, WireType] | None = None) -> Positional:
-        text = rendered(statement)
-        names = tuple(dict.fromkeys(_NAMED.findall(text)))
-        numbers = {name: f"${i}" for i, name in enumerate(names, start=1)}
-        numbered = _NAMED.sub(lambda m: numbers[m.group(1)], text)
-        wire = None if types is None else WireStatement.of(numbered, names, types)
-        return cls(numbered, names, wire)
-
-    def values(self, params: dict[str, Any]) -> list[Any]:
-        """The parameters in the statement's order."""
-        return [params[name] for name in self.names]
+# What their result rows hold: (1, db_timestamp).
+_RETURNS = (INT4, TIMESTAMPTZ)
 
 
 @attrs.frozen
@@ -261,6 +235,7 @@ class WriterSql:
                     insert=_INSERT.format(journal=journal, **_ONE_EVENT),
                 ),
                 _PARAM_TYPES,
+                _RETURNS,
             ),
             # A few events as VALUES rows: one result row (1, timestamp) per event,
             # all with the same timestamp; the first is read. No row when
@@ -272,6 +247,7 @@ class WriterSql:
                         insert=_INSERT.format(journal=journal, **_values_events(count)),
                     ),
                     _PARAM_TYPES,
+                    _RETURNS,
                 )
                 for count in range(2, MAX_VALUES_EVENTS + 1)
             ),
@@ -336,15 +312,6 @@ def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:
         return None
     stored_at: datetime = row[1]
     return stored_at
-
-
-def stored_timestamp_in(result: pq.abc.PGresult) -> datetime | None:
-    """`stored_timestamp` from a scalar append's binary result (`Positional.wire`): its
-    rows are (1, db_timestamp), none if nothing was inserted."""
-    if result.ntuples == 0:
-        return None
-    data = result.get_value(0, 1)
-    return None if data is None else timestamptz(data)
 
 
 def appended_envelopes(

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 from psycopg import AsyncConnection
 
+from journal.aio import prepared
 from journal.aio.flavour import ASYNC, call_back
 from journal.aio.journal import Journal
 from journal.aio.slice_reader import SliceReader
@@ -148,8 +149,8 @@ class DurableStateStore:
                 if more:
                     async with own.transaction():
                         await self._write_on(own, params, value, change_event)
-                else:
-                    await self._write_on(own, params, value, change_event)
+                else:  # the pool's own idle connection: the write runs prepared
+                    await self._write_on(own, params, value, change_event, lean=True)
         notifier = self.journal._notifier
         if notifier is not None:
             notifier.changed(params["entity_type"], params["slice"])
@@ -160,10 +161,11 @@ class DurableStateStore:
         params: dict[str, Any],
         value: Any,
         change_event: PreparedAppend | None,
+        *,
+        lean: bool = False,
     ) -> None:
         statement = self._sql.insert if params["revision"] == 1 else self._sql.update
-        cur = await conn.execute(statement, params)
-        written = await cur.fetchone() if cur.rowcount == 1 else None
+        written = await prepared.first_row(conn, statement, statement.values(params), prepared=lean)
         if written is None:
             cur = await conn.execute(self._sql.revision_of, (params["pid"],))
             row = await cur.fetchone()

@@ -20,14 +20,29 @@ from journal.durable_state import DELETED_SQL, STATE_COLUMNS, STATE_PAYLOAD_COLU
 from journal.query.by_slice import RowsQuery
 from journal.query.sql import SLICES, slice_list, time_bounds
 from journal.tables import Tables
+from journal.wire import BYTEA, INT4, INT8, TEXT, TEXT_ARRAY, TIMESTAMPTZ, Positional, WireType
+
+# The types of the writes' parameters, for running them through libpq (`Positional.wire`).
+_WRITE_TYPES: dict[str, WireType] = {
+    "slice": INT4,
+    "entity_type": TEXT,
+    "pid": TEXT,
+    "revision": INT8,
+    "previous": INT8,
+    "ser_id": INT4,
+    "manifest": TEXT,
+    "payload": BYTEA,
+    "tags": TEXT_ARRAY,
+}
 
 
 @attrs.frozen
 class DurableStateSql:
-    """The durable state table's statements, shared by both drivers."""
+    """The durable state table's statements, shared by both drivers. The writes return
+    the row's db_timestamp, no row when the revision was not the next."""
 
-    insert: sql.Composed
-    update: sql.Composed
+    insert: Positional
+    update: Positional
     select: sql.Composed
     revision_of: sql.Composed
 
@@ -35,21 +50,31 @@ class DurableStateSql:
     def of(cls, tables: Tables) -> DurableStateSql:
         t = tables.durable_state
         return cls(
-            insert=sql.SQL(
-                "INSERT INTO {t} (slice, entity_type, persistence_id, revision, db_timestamp, "
-                "state_ser_id, state_ser_manifest, state_payload, tags) "
-                "VALUES (%(slice)s, %(entity_type)s, %(pid)s, %(revision)s, "
-                "transaction_timestamp(), %(ser_id)s, %(manifest)s, %(payload)s, "
-                "%(tags)s::text[]) ON CONFLICT (persistence_id) DO NOTHING RETURNING db_timestamp"
-            ).format(t=t),
-            update=sql.SQL(
-                "UPDATE {t} SET revision = %(revision)s, "
-                "db_timestamp = GREATEST(transaction_timestamp(), "
-                "db_timestamp + interval '1 microsecond'), "
-                "state_ser_id = %(ser_id)s, state_ser_manifest = %(manifest)s, "
-                "state_payload = %(payload)s, tags = %(tags)s::text[] "
-                "WHERE persistence_id = %(pid)s AND revision = %(previous)s RETURNING db_timestamp"
-            ).format(t=t),
+            insert=Positional.of(
+                sql.SQL(
+                    "INSERT INTO {t} (slice, entity_type, persistence_id, revision, "
+                    "db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags) "
+                    "VALUES (%(slice)b::int, %(entity_type)b::text, %(pid)b::text, "
+                    "%(revision)b::bigint, transaction_timestamp(), %(ser_id)b::int, "
+                    "%(manifest)b::text, %(payload)b::bytea, %(tags)b::text[]) "
+                    "ON CONFLICT (persistence_id) DO NOTHING RETURNING db_timestamp"
+                ).format(t=t),
+                _WRITE_TYPES,
+                (TIMESTAMPTZ,),
+            ),
+            update=Positional.of(
+                sql.SQL(
+                    "UPDATE {t} SET revision = %(revision)b::bigint, "
+                    "db_timestamp = GREATEST(transaction_timestamp(), "
+                    "db_timestamp + interval '1 microsecond'), "
+                    "state_ser_id = %(ser_id)b::int, state_ser_manifest = %(manifest)b::text, "
+                    "state_payload = %(payload)b::bytea, tags = %(tags)b::text[] "
+                    "WHERE persistence_id = %(pid)b::text AND revision = %(previous)b::bigint "
+                    "RETURNING db_timestamp"
+                ).format(t=t),
+                _WRITE_TYPES,
+                (TIMESTAMPTZ,),
+            ),
             select=sql.SQL(
                 "SELECT revision, db_timestamp, state_ser_id, state_ser_manifest, "
                 "state_payload, tags FROM {t} WHERE persistence_id = %s"

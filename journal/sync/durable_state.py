@@ -38,6 +38,7 @@ from journal.query.source import STATE_CHANGES
 from journal.query.state_sql import DurableStateSql
 from journal.settings import QuerySettings
 from journal.slices import validate_persistence_id
+from journal.sync import prepared
 from journal.sync.flavour import ASYNC, call_back
 from journal.sync.journal import SyncJournal
 from journal.sync.slice_reader import SliceReader
@@ -149,8 +150,8 @@ class SyncDurableStateStore:
                 if more:
                     with own.transaction():
                         self._write_on(own, params, value, change_event)
-                else:
-                    self._write_on(own, params, value, change_event)
+                else:  # the pool's own idle connection: the write runs prepared
+                    self._write_on(own, params, value, change_event, lean=True)
         notifier = self.journal._notifier
         if notifier is not None:
             notifier.changed(params["entity_type"], params["slice"])
@@ -161,10 +162,11 @@ class SyncDurableStateStore:
         params: dict[str, Any],
         value: Any,
         change_event: PreparedAppend | None,
+        *,
+        lean: bool = False,
     ) -> None:
         statement = self._sql.insert if params["revision"] == 1 else self._sql.update
-        cur = conn.execute(statement, params)
-        written = cur.fetchone() if cur.rowcount == 1 else None
+        written = prepared.first_row(conn, statement, statement.values(params), prepared=lean)
         if written is None:
             cur = conn.execute(self._sql.revision_of, (params["pid"],))
             row = cur.fetchone()

@@ -25,9 +25,9 @@ from __future__ import annotations
 import weakref
 from typing import Any, Final
 
-from psycopg import Connection, errors, generators, pq
+from psycopg import Connection, RawCursor, errors, generators, pq
 
-from journal.wire import WireStatement
+from journal.wire import Positional, WireStatement
 
 PREPARED: bool = hasattr(generators, "execute") and hasattr(errors, "error_from_result")
 
@@ -43,6 +43,28 @@ _UTF8: Final = b"UTF8"
 
 # The statements prepared on each connection, by name.
 _prepared: weakref.WeakKeyDictionary[Connection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+
+
+def first_row(
+    conn: Connection[Any], statement: Positional, values: list[Any], *, prepared: bool
+) -> tuple[Any, ...] | None:
+    """The first row of `statement`'s result (None if it has none).
+
+    With `prepared` (the connection is the caller's own, idle and autocommit) a
+    statement that has a `wire` form runs through libpq (`run`); otherwise, or where
+    that declines, through a raw cursor, as psycopg runs any statement.
+    """
+    wire = statement.wire
+    if prepared and wire is not None:
+        encoded = wire.encode(values)
+        if encoded is not None:
+            result = run(conn, wire, encoded)
+            if result is not NOT_RUN:
+                return wire.first_row(result)
+    with RawCursor(conn) as cur:  # numbered placeholders
+        cur.execute(statement.text, values)
+        row: tuple[Any, ...] | None = cur.fetchone()
+        return row
 
 
 def run(

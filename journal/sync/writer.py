@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import Connection, RawCursor
+from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from journal.errors import ConcurrencyError
@@ -34,14 +34,13 @@ from journal.telemetry import (
     NO_WRITE_TELEMETRY,
     current_telemetry,
 )
+from journal.wire import Positional
 from journal.writer import (
-    Positional,
     PreparedAppend,
     WriterSql,
     appended_envelopes,
     opens_caller_transaction,
     stored_timestamp,
-    stored_timestamp_in,
 )
 
 
@@ -124,20 +123,12 @@ class EventWriter:
     ) -> datetime | None:
         """The batch's db_timestamp; None if `expected_seq_nr` was not current.
 
-        On the pool's own (idle, autocommit) connections a scalar append runs through
-        libpq, prepared (`prepared.run`); a caller's connection, whose transaction and
-        mode are the caller's, and whatever that path declines, use a raw cursor.
+        On the pool's own (idle, autocommit) connections a batch of up to
+        `MAX_VALUES_EVENTS` runs prepared through libpq (`prepared.first_row`); on a
+        caller's connection, whose transaction and mode are the caller's, through a cursor.
         """
         try:
-            if own and statement.wire is not None:
-                encoded = statement.wire.encode(values)
-                if encoded is not None:
-                    result = prepared.run(conn, statement.wire, encoded)
-                    if result is not prepared.NOT_RUN:
-                        return stored_timestamp_in(result)
-            with RawCursor(conn) as cur:  # `WriterSql`: numbered placeholders
-                cur.execute(statement.text, values)
-                row = cur.fetchone()
+            row = prepared.first_row(conn, statement, values, prepared=own)
         except psycopg.errors.UniqueViolation:
             return None
         return stored_timestamp(row)

@@ -26,6 +26,7 @@ def statement() -> WireStatement:
         "SELECT $1, $2, $3, $4, $5",
         ("n", "big", "s", "b", "tags"),
         {"n": INT4, "big": INT8, "s": TEXT, "b": BYTEA, "tags": TEXT_ARRAY},
+        (),
     )
 
 
@@ -74,7 +75,7 @@ def test_a_value_that_does_not_fit_its_type_makes_the_caller_fall_back() -> None
 def test_the_statement_is_named_by_its_text_and_typed() -> None:
     a, b = statement(), statement()
     assert a.name == b.name and a.name.startswith(b"slicejournal_")
-    other = WireStatement.of("SELECT $1", ("s",), {"s": TEXT})
+    other = WireStatement.of("SELECT $1", ("s",), {"s": TEXT}, ())
     assert other.name != a.name
     assert a.oids == (23, 20, 25, 17, TEXT_ARRAY_OID)
 

@@ -1,8 +1,9 @@
-"""Appends run through libpq, prepared once per connection (`journal/aio/prepared.py`).
+"""Appends and durable state writes run through libpq, prepared once per connection
+(`journal/aio/prepared.py`).
 
 The prepared path must store exactly what the cursor path stores: every batch
-below is appended once through each, into two journals, and the rows are
-compared column by column as PostgreSQL returns them.
+below is appended (every state written) once through each, into two journals,
+and the rows are compared column by column as PostgreSQL returns them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from psycopg import sql
 
 from journal import (
     ConcurrencyError,
+    DurableStateStore,
     InvalidArgument,
     Journal,
     JournalSettings,
@@ -204,3 +206,54 @@ async def test_values_beyond_the_columns_are_refused_before_anything_is_written(
         pg_dsn, sql.SQL("SELECT seq_nr FROM {}").format(sql.Identifier(schema, "event_journal"))
     )
     assert rows == []
+
+
+STATE_COLUMNS = (
+    "slice, entity_type, persistence_id, revision, state_ser_id, state_ser_manifest, "
+    "state_payload, tags"
+)
+
+
+async def write_states(journal: Journal) -> list[Any]:
+    store = DurableStateStore(journal)
+    await store.upsert("Cart|1", {"items": ["é"]}, revision=1, tags=['q"u', "t,1"])
+    await store.upsert("Cart|1", {"items": []}, revision=2)
+    await store.upsert("Cart|2", b"\x00raw", revision=1)
+    await store.delete("Cart|2", revision=2)
+    with pytest.raises(ConcurrencyError):
+        await store.upsert("Cart|1", {"stale": True}, revision=2)
+    with pytest.raises(ConcurrencyError):
+        await store.upsert("Cart|3", {"skipped": True}, revision=2)
+    state = await store.get("Cart|1")
+    assert state is not None
+    return [state.revision, state.value]
+
+
+async def test_durable_state_writes_store_what_the_cursor_path_stores(
+    pg_dsn: str, two_schemas: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lean, plain = two_schemas
+    async with Journal.connect(
+        pg_dsn, JournalSettings(schema=lean, pool_max_size=1), create_schema=True
+    ) as j:
+        got = await write_states(j)
+        assert len(await prepared_names(j)) == 2  # the insert and the update
+    with monkeypatch.context() as patch:
+        patch.setattr(prepared, "PREPARED", False)
+        async with Journal.connect(
+            pg_dsn, JournalSettings(schema=plain, pool_max_size=1), create_schema=True
+        ) as j:
+            assert await write_states(j) == got == [2, {"items": []}]
+            assert await prepared_names(j) == set()
+
+    async def states(schema: str) -> list[Row]:
+        return await fetch(
+            pg_dsn,
+            sql.SQL("SELECT " + STATE_COLUMNS + " FROM {} ORDER BY persistence_id").format(
+                sql.Identifier(schema, "durable_state")
+            ),
+        )
+
+    rows = await states(lean)
+    assert len(rows) == 2
+    assert rows == await states(plain)
