@@ -247,17 +247,7 @@ def statement_writer(
             pid, ENTITY_TYPE, pids.slices[i], seq_nr, events, payloads, (), None, None
         )
         statement, values = statements.append_call(prepared, WRITER_ID)
-        encoded = None if statement.wire is None else statement.wire.encode(values)
-        if statement.wire is not None and encoded is not None:
-            result = await prepared_statements.run(conn, statement.wire, encoded)
-            stored = None if result is prepared_statements.NOT_RUN else result.ntuples
-        else:
-            stored = None
-        if stored is None:
-            async with psycopg.AsyncRawCursor(conn) as cur:
-                await cur.execute(statement.text, values)
-                stored = 0 if await cur.fetchone() is None else 1
-        if not stored:
+        if await prepared_statements.first_row(conn, statement, values, prepared=True) is None:
             raise RuntimeError(f"{pid}: expected_seq_nr {seq_nr} was not current")
         pids.seq_nrs[i] = seq_nr + batch
         return batch

@@ -22,7 +22,7 @@ import hashlib
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Final
 
 import attrs
@@ -50,6 +50,8 @@ def _text(value: str) -> bytes:
 
 
 def _bytea(value: bytes) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):  # `bytes(5)` is 5 zero bytes
+        raise TypeError(f"not bytes: {type(value).__name__}")
     return bytes(value)
 
 
@@ -63,8 +65,8 @@ def _text_array(value: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
-def _unpack_int(format: struct.Struct) -> Callable[[bytes], int]:
-    def decode(data: bytes) -> int:
+def _unpack_int(format: struct.Struct) -> Callable[[bytes, tzinfo], int]:
+    def decode(data: bytes, zone: tzinfo) -> int:
         value: int = format.unpack(data)[0]
         return value
 
@@ -74,13 +76,18 @@ def _unpack_int(format: struct.Struct) -> Callable[[bytes], int]:
 _PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def timestamptz(data: bytes) -> datetime:
-    """A binary `timestamptz` (microseconds since 2000-01-01 UTC) as a UTC datetime, as
-    psycopg reads one on a UTC session (the journal's readers are)."""
-    return _PG_EPOCH + timedelta(microseconds=_INT8.unpack(data)[0])
+def timestamptz(data: bytes, zone: tzinfo = UTC) -> datetime:
+    """A binary `timestamptz` (microseconds since 2000-01-01 UTC) in the time zone
+    `zone`: psycopg reads one in its session's (`ConnectionInfo.timezone`)."""
+    utc = _PG_EPOCH + timedelta(microseconds=_INT8.unpack(data)[0])
+    return utc if zone is UTC else utc.astimezone(zone)
 
 
-def _unsupported(data: bytes) -> Any:
+def _unwritable(value: Any) -> bytes:
+    raise NotImplementedError("this type is read, never written, through the wire path")
+
+
+def _unreadable(data: bytes, zone: tzinfo) -> Any:
     raise NotImplementedError("this type is written, never read, through the wire path")
 
 
@@ -91,7 +98,8 @@ class WireType:
 
     oid: int
     encode: Callable[[Any], bytes]
-    decode: Callable[[bytes], Any] = _unsupported
+    # The value from its bytes and the session's time zone (which only timestamps use).
+    decode: Callable[[bytes, tzinfo], Any] = _unreadable
 
 
 INT4: Final = WireType(INT4_OID, _INT4.pack, _unpack_int(_INT4))
@@ -99,7 +107,7 @@ INT8: Final = WireType(INT8_OID, _INT8.pack, _unpack_int(_INT8))
 TEXT: Final = WireType(TEXT_OID, _text)
 BYTEA: Final = WireType(BYTEA_OID, _bytea)
 TEXT_ARRAY: Final = WireType(TEXT_ARRAY_OID, _text_array)
-TIMESTAMPTZ: Final = WireType(1184, _unsupported, timestamptz)
+TIMESTAMPTZ: Final = WireType(1184, _unwritable, timestamptz)
 
 # Errors a value that does not fit its type raises while being encoded.
 _MISFITS: Final = (struct.error, UnicodeEncodeError, TypeError, AttributeError, ValueError)
@@ -115,7 +123,7 @@ class WireStatement:
     text: bytes
     oids: tuple[int, ...]
     encoders: tuple[Callable[[Any], bytes], ...]
-    decoders: tuple[Callable[[bytes], Any], ...]
+    decoders: tuple[Callable[[bytes, tzinfo], Any], ...]
 
     @classmethod
     def of(
@@ -126,9 +134,11 @@ class WireStatement:
         returns: Sequence[WireType],
     ) -> WireStatement:
         """The statement `text` whose parameters `names` (in order) have these `types`, and
-        whose result's first columns are of the types `returns`."""
+        whose result's first columns are of the types `returns`. Its name is a hash of the
+        text and the parameter types: what the server prepares under it."""
         wire = [types[name] for name in names]
-        digest = hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:24]
+        signature = f"{text}\x00{','.join(str(w.oid) for w in wire)}"
+        digest = hashlib.sha1(signature.encode("utf-8"), usedforsecurity=False).hexdigest()[:24]
         return cls(
             name=f"slicejournal_{digest}".encode("ascii"),
             text=text.encode("utf-8"),
@@ -147,13 +157,14 @@ class WireStatement:
         except _MISFITS:
             return None
 
-    def first_row(self, result: pq.abc.PGresult) -> tuple[Any, ...] | None:
-        """The leading columns of the result's first row (binary), None without a row."""
+    def first_row(self, result: pq.abc.PGresult, zone: tzinfo) -> tuple[Any, ...] | None:
+        """The leading columns of the result's first row (binary), timestamps in the
+        session's time zone `zone`, as psycopg reads them; None without a row."""
         if result.ntuples == 0:
             return None
         values = (result.get_value(0, i) for i in range(len(self.decoders)))
         return tuple(
-            None if data is None else decode(data)
+            None if data is None else decode(data, zone)
             for decode, data in zip(self.decoders, values, strict=True)
         )
 

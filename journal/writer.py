@@ -14,7 +14,10 @@ nothing of its batch is stored.
 The statements are written with named placeholders and sent with PostgreSQL's
 own numbered ones (`$1`), their values in a list (`Positional`): psycopg
 rewrites a named statement and reorders its values on every execution, about
-a tenth of the client's CPU per append.
+a tenth of the client's CPU per append. The scalar forms also carry their
+parameters' types (`Positional.wire`), so that on the pool's own connections
+they run prepared through libpq's own calls rather than a cursor
+(`journal/aio/prepared.py`; `journal/wire.py` says why).
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ _INSERT = sql.SQL(
       event_ser_id, event_ser_manifest, event_payload, tags,
       meta_ser_id, meta_ser_manifest, meta_payload, deleted
     )
-    SELECT %(slice)b, %(entity_type)b, %(pid)b, %(expected)b + {seq_nr},
+    SELECT %(slice)b, %(entity_type)b, %(pid)b, %(expected)b::bigint + {seq_nr},
       GREATEST(
         transaction_timestamp(),
         (SELECT db_timestamp FROM prev) + interval '1 microsecond'

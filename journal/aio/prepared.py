@@ -13,9 +13,11 @@ session whose client encoding is not UTF8 (the binary text values are UTF-8),
 `run` returns `NOT_RUN` and the caller uses a cursor, as before.
 
 A statement is prepared on a connection the first time it runs there; the
-names are remembered per connection (weakly: a closed connection takes them
-with it). If the session lost it (`DEALLOCATE ALL`, `DISCARD ALL`), it is
-prepared again and the statement runs once more.
+names are remembered per connection object (weakly: they go when it does). If
+the session lost it (`DEALLOCATE ALL`, `DISCARD ALL`), it is prepared again
+and the statement runs once more; if the session has it though the name was
+not remembered (a task cancelled while its statement was being prepared), it
+is used as it is: a name is a hash of the statement's text and types.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ _BINARY: Final = pq.Format.BINARY
 _TUPLES_OK: Final = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
 _SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
+_FATAL_ERROR: Final = pq.ExecStatus.FATAL_ERROR
 _NO_SUCH_STATEMENT: Final = b"26000"  # invalid_sql_statement_name
+_ALREADY_PREPARED: Final = b"42P05"  # duplicate_prepared_statement
 _UTF8: Final = b"UTF8"
 
 # The statements prepared on each connection, by name.
@@ -48,9 +52,9 @@ async def first_row(
 ) -> tuple[Any, ...] | None:
     """The first row of `statement`'s result (None if it has none).
 
-    With `prepared` (the connection is the caller's own, idle and autocommit) a
-    statement that has a `wire` form runs through libpq (`run`); otherwise, or where
-    that declines, through a raw cursor, as psycopg runs any statement.
+    With `prepared` (a pool's connection held for this statement alone: idle,
+    autocommit, not in pipeline mode) a statement that has a `wire` form runs through
+    libpq (`run`); otherwise, or where that declines, through a raw cursor.
     """
     wire = statement.wire
     if prepared and wire is not None:
@@ -58,7 +62,7 @@ async def first_row(
         if encoded is not None:
             result = await run(conn, wire, encoded)
             if result is not NOT_RUN:
-                return wire.first_row(result)
+                return wire.first_row(result, conn.info.timezone)
     async with AsyncRawCursor(conn) as cur:  # numbered placeholders
         await cur.execute(statement.text, values)
         row: tuple[Any, ...] | None = await cur.fetchone()
@@ -81,7 +85,9 @@ async def run(
     for attempt in (1, 2):
         if statement.name not in names:
             pgconn.send_prepare(statement.name, statement.text, statement.oids)
-            _check(conn, await conn.wait(generators.execute(pgconn)), _COMMAND_OK)
+            prepared = (await conn.wait(generators.execute(pgconn)))[-1]
+            if prepared.error_field(_SQLSTATE) != _ALREADY_PREPARED:
+                _check(conn, prepared, _COMMAND_OK)
             names.add(statement.name)
         pgconn.send_query_prepared(statement.name, values, formats, _BINARY)
         result = (await conn.wait(generators.execute(pgconn)))[-1]
@@ -90,12 +96,15 @@ async def run(
         if attempt == 1 and result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
             names.discard(statement.name)  # the session forgot it: prepare it again
             continue
-        _check(conn, [result], _TUPLES_OK)
+        _check(conn, result, _TUPLES_OK)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check(conn: AsyncConnection[Any], results: list[pq.abc.PGresult], expected: Any) -> None:
-    """Raise psycopg's error for a result that is not `expected`."""
-    result = results[-1]
-    if result.status != expected:
+def _check(conn: AsyncConnection[Any], result: pq.abc.PGresult, expected: Any) -> None:
+    """Raise psycopg's error for a failed result, `InternalError` for any other that is
+    not `expected` (as psycopg's cursor does)."""
+    if result.status == expected:
+        return
+    if result.status == _FATAL_ERROR:
         raise errors.error_from_result(result, encoding=conn.info.encoding)
+    raise errors.InternalError(f"unexpected result status: {pq.ExecStatus(result.status).name}")

@@ -26,6 +26,7 @@ from journal import (
     SerializationError,
     SerializerRegistry,
     SyncJournal,
+    slice_for,
 )
 from journal.aio import prepared
 from journal.sync import prepared as sync_prepared
@@ -111,16 +112,61 @@ async def test_the_prepared_path_stores_what_the_cursor_path_stores(
     rows = await stored(pg_dsn, lean)
     assert len(rows) == sum(len(b[1]) for b in BATCHES)
     assert rows == await stored(pg_dsn, plain)
-    # the timestamps `append` returned are those stored, in UTC as readers give them
     assert [e.event for e in envelopes] == [{"amount": 1}] + [{"n": i} for i in range(3)]
 
 
-async def test_an_append_returns_the_stored_timestamp(journal: Journal, pg_dsn: str) -> None:
-    (one,) = await journal.append("Acct|t", [{"a": 1}], expected_seq_nr=0)
-    two = await journal.append("Acct|t", [{"a": 2}, {"a": 3}], expected_seq_nr=1)
-    read = [e async for e in journal.current_events_by_persistence_id("Acct|t")]
-    assert [e.db_timestamp for e in read] == [one.db_timestamp] + [e.db_timestamp for e in two]
-    assert one.db_timestamp.utcoffset() is not None and one.db_timestamp.utcoffset().seconds == 0
+async def test_an_append_returns_the_stored_timestamp_in_the_sessions_zone(
+    pg_dsn: str, schema: str
+) -> None:
+    # Every path (prepared, cursor for 11 events, a caller's connection) gives the
+    # timestamp as psycopg reads it on the writing session: in that session's zone.
+    berlin = psycopg.conninfo.make_conninfo(pg_dsn, options="-c TimeZone=Europe/Berlin")
+    async with Journal.connect(berlin, JournalSettings(schema=schema), create_schema=True) as j:
+        (one,) = await j.append("Acct|t", [{"a": 1}], expected_seq_nr=0)
+        eleven = await j.append("Acct|t", [{"a": i} for i in range(11)], expected_seq_nr=1)
+        async with await psycopg.AsyncConnection.connect(berlin) as conn:
+            (mine,) = await j.append("Acct|t", [{"a": 12}], expected_seq_nr=12, conn=conn)
+            await conn.commit()
+        returned = [one, *eleven, mine]
+        read = [e async for e in j.current_events_by_persistence_id("Acct|t")]
+    assert [e.db_timestamp for e in read] == [e.db_timestamp for e in returned]
+    assert {str(e.db_timestamp.tzinfo) for e in returned} == {"Europe/Berlin"}
+
+
+async def test_a_statement_the_session_has_but_forgot_is_used(
+    pg_dsn: str, settings: JournalSettings
+) -> None:
+    # A task cancelled while its statement was being prepared leaves the statement on
+    # the server and its name unrecorded: the next prepare finds it there.
+    async with Journal.connect(
+        pg_dsn, attrs.evolve(settings, pool_max_size=1), create_schema=True
+    ) as j:
+        await j.append("Acct|g", [{"a": 1}], expected_seq_nr=0)
+        prepared._prepared.clear()
+        await j.append("Acct|g", [{"a": 2}], expected_seq_nr=1)
+        assert len(await prepared_names(j)) == 1
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id("Acct|g")] == [1, 2]
+
+
+async def test_a_seq_nr_beyond_int4_appends_on_every_path(
+    journal: Journal, pg_dsn: str, schema: str
+) -> None:
+    edge = 2**31 - 1
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
+                "writer, event_ser_id, event_ser_manifest, event_payload, deleted) "
+                "VALUES (%s, 'Acct', %s, %s, now(), 'w', 0, '', '\\x'::bytea, false)"
+            ).format(sql.Identifier(schema, "event_journal")),
+            (slice_for("Acct|edge"), "Acct|edge", edge),
+        )
+    # psycopg sends 2**31 - 1 as an int4: `expected + 1` must not overflow
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        (mine,) = await journal.append("Acct|edge", [{"a": 1}], expected_seq_nr=edge, conn=conn)
+        await conn.commit()
+    (pooled,) = await journal.append("Acct|edge", [{"a": 2}], expected_seq_nr=edge + 1)
+    assert (mine.seq_nr, pooled.seq_nr) == (edge + 1, edge + 2)
 
 
 async def test_a_statement_the_session_forgot_is_prepared_again(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,7 +67,8 @@ def test_text_arrays_round_trip(tags: list[str]) -> None:
 def test_a_value_that_does_not_fit_its_type_makes_the_caller_fall_back() -> None:
     fits = [1, 1, "s", b"b", []]
     assert statement().encode(fits) is not None
-    for at, misfit in [(0, 2**31), (1, 2**63), (0, 1.5), (2, "\ud800"), (2, b"bytes"), (4, [1])]:
+    misfits = [(0, 2**31), (1, 2**63), (0, 1.5), (2, "\ud800"), (2, b"bytes"), (3, 5), (4, [1])]
+    for at, misfit in misfits:
         values = list(fits)
         values[at] = misfit
         assert statement().encode(values) is None, (at, misfit)
@@ -77,6 +79,8 @@ def test_the_statement_is_named_by_its_text_and_typed() -> None:
     assert a.name == b.name and a.name.startswith(b"slicejournal_")
     other = WireStatement.of("SELECT $1", ("s",), {"s": TEXT}, ())
     assert other.name != a.name
+    # the same text with other parameter types is another prepared statement
+    assert WireStatement.of("SELECT $1", ("s",), {"s": BYTEA}, ()).name != other.name
     assert a.oids == (23, 20, 25, 17, TEXT_ARRAY_OID)
 
 
@@ -88,3 +92,9 @@ def test_timestamptz_is_microseconds_since_2000_in_utc(micros: int) -> None:
         return
     decoded = timestamptz(struct.pack(">q", micros))
     assert decoded == expected and decoded.tzinfo is UTC
+    berlin = ZoneInfo("Europe/Berlin")
+    try:
+        in_berlin = timestamptz(struct.pack(">q", micros), berlin)
+    except OverflowError:
+        return
+    assert in_berlin == expected and in_berlin.tzinfo is berlin
