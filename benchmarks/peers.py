@@ -16,6 +16,8 @@ schema of the same server (same fsync, same synchronous_commit):
   `INSERT ... VALUES` per append with exactly the rows the journal stores.
 - slicejournal: `Journal.append(pid, [e1, e2], expected_seq_nr=0)`, default
   settings (post-commit NOTIFY on), pool of writers + 2 connections.
+- slicejournal sync: the same with the blocking `SyncJournal`, each writer a
+  thread of its own, as the peer runs (one journal, pool of writers + 2).
 - eventsourcing: its `PostgresApplicationRecorder` (what an `Application`
   stores into; the only recorder with the notification log the read side
   needs) from `PostgresFactory`, pool of exactly the writers
@@ -40,10 +42,12 @@ coalesced, from another connection), so concurrent appends commit in parallel
 and share WAL flushes; readers get their order from db_timestamp plus the
 visibility horizon instead.
 
-Variants are interleaved (round 1: raw, slicejournal, eventsourcing,
-eventsourcing db-fn; round 2 reversed, ...) because the machine is shared and
-noisy; each variant's best run counts. "peer" is the faster eventsourcing
-variant of the case. Goals: below.
+Variants are interleaved (round 1: raw, slicejournal, slicejournal sync,
+eventsourcing, eventsourcing db-fn; round 2 reversed, ...) because the machine
+is shared and noisy; each variant's best run counts. In the summary each
+library is its faster way of the case: "slicejournal" the faster of its two
+flavours (both rows are printed above it), "peer" the faster eventsourcing
+configuration. Goals: below.
 
 Read side: a full catch-up read of what the last 8-writer run of slicejournal
 and of eventsourcing (defaults) wrote (their own stores; the event counts
@@ -109,7 +113,7 @@ from append import (
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from journal import NUMBER_OF_SLICES, Journal, JournalSettings, slice_for
+from journal import NUMBER_OF_SLICES, Journal, JournalSettings, SyncJournal, slice_for
 from journal.tables import Tables
 
 try:  # the peer is optional: main() explains how to install it
@@ -137,12 +141,20 @@ READ_PASSES_PER_ROUND = 3
 
 RAW = "raw"
 JOURNAL = "slicejournal"
+JOURNAL_SYNC = "slicejournal sync"
 PEER = "eventsourcing"
 PEER_FN = "eventsourcing db-fn"
-VARIANTS = (RAW, JOURNAL, PEER, PEER_FN)
+VARIANTS = (RAW, JOURNAL, JOURNAL_SYNC, PEER, PEER_FN)
+JOURNALS = (JOURNAL, JOURNAL_SYNC)
 PEERS = (PEER, PEER_FN)
 READERS = (RAW, JOURNAL, PEER)
-SCHEMA_PREFIXES = {RAW: "raw", JOURNAL: "journal", PEER: "es", PEER_FN: "esfn"}
+SCHEMA_PREFIXES = {
+    RAW: "raw",
+    JOURNAL: "journal",
+    JOURNAL_SYNC: "jsync",
+    PEER: "es",
+    PEER_FN: "esfn",
+}
 
 SyncOperation = Callable[[], int]
 """One unit of work of a thread worker; returns how many events it wrote."""
@@ -251,6 +263,8 @@ async def run_variant(
             rate = await run_raw(dsn, schema, writers, timing)
         elif variant == JOURNAL:
             rate = await run_journal(dsn, schema, writers, timing)
+        elif variant == JOURNAL_SYNC:
+            rate = await run_journal_sync(dsn, schema, writers, timing)
         else:
             rate = await run_peer(
                 dsn, schema, peer, writers, timing, db_functions=variant == PEER_FN
@@ -294,6 +308,27 @@ def journal_writer(journal: Journal) -> Operation:
 
     async def append() -> int:
         await journal.append(new_pid(), events, expected_seq_nr=0)
+        return EVENTS_PER_APPEND
+
+    return append
+
+
+async def run_journal_sync(dsn: str, schema: str, writers: int, timing: Timing) -> Rate:
+    """The blocking flavour, as the peer runs: one thread per writer, one shared journal."""
+    settings = JournalSettings(schema=schema, pool_max_size=writers + 2, writer_id=WRITER_ID)
+    with SyncJournal.connect(dsn, settings, create_schema=True) as journal:
+        workers = [sync_journal_writer(journal) for _ in range(writers)]
+        await checkpoint(dsn)
+        rate = await measure_threads(workers, warmup=timing.warmup, seconds=timing.seconds)
+    await check_row_count(dsn, Tables(settings).journal, rate)
+    return rate
+
+
+def sync_journal_writer(journal: SyncJournal) -> SyncOperation:
+    events = [EVENT] * EVENTS_PER_APPEND
+
+    def append() -> int:
+        journal.append(new_pid(), events, expected_seq_nr=0)
         return EVENTS_PER_APPEND
 
     return append
@@ -626,7 +661,7 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
     rows = []
     met = []
     for writers, runs in writes.items():
-        journal = best(runs[JOURNAL])
+        journal = max(best(runs[j]) for j in JOURNALS)
         peer_best = max(best(runs[p]) for p in PEERS)
         rows.append(
             summary_row(
@@ -655,7 +690,9 @@ async def main_async(timing: Timing, dsn_arg: str | None) -> int:
         rows,
     )
     print(
-        "peer: eventsourcing, for writes the faster of its two configurations in the case; "
+        "for writes, each library's faster way in the case: slicejournal's asyncio `Journal` or "
+        "its "
+        "blocking `SyncJournal`\n(one thread per writer), eventsourcing's two configurations; "
         "goal: slicejournal/peer."
     )
     print(

@@ -381,6 +381,12 @@ class BySliceQuery:
         behind = None
         if self.live and horizon is None:
             behind = self.settings.behind_current_time
+        # Past the last bound, a live query reads `buffer_size` rows at a time: that is
+        # the tail, where new rows keep coming. A current query reads the rest up to its
+        # end in one statement, streamed: a LIMIT query sorts everything after its start
+        # for each `buffer_size` rows, which over a burst (the newest bucket, which the
+        # counts leave out, holding tens of thousands of rows) is quadratic.
+        limit = None if bound is not None or not self.live else self.settings.buffer_size
         return RowsQuery(
             backtracking=False,
             from_timestamp=self._scan.scan_from,
@@ -388,7 +394,7 @@ class BySliceQuery:
             to_inclusive=self.end,
             until_exclusive=bound,
             behind_current_time=behind,
-            limit=None if bound is not None else self.settings.buffer_size,
+            limit=limit,
             horizon=horizon,
         )
 

@@ -733,7 +733,11 @@ def _read_with_look_ahead(
             if not rows:
                 ahead = machine.next_chunk_if_whole(now)
             if not machine.live and req.limit is None:
-                assert ahead is None or ahead.until_exclusive is not None
+                # a chunk read ahead is never a LIMIT query: a bounded chunk, or the
+                # current query's last statement, the rest up to its end
+                assert ahead is None or ahead.limit is None
+                if ahead is not None and ahead.until_exclusive is None:
+                    assert ahead.to_inclusive == machine.end
             machine.on_rows_done(now)
     raise AssertionError("the query did not end")
 

@@ -632,14 +632,31 @@ def test_a_current_query_is_done_at_its_first_result_short_of_its_limit() -> Non
     assert isinstance(machine.next_request(1.0), Done)
 
 
-def test_a_full_current_query_is_not_done() -> None:
+def test_a_current_query_reads_the_rest_in_one_statement() -> None:
+    # Past the last bucket bound (here: no bucket counted), a current query does not
+    # read `buffer_size` rows per LIMIT query: it reads the rest up to its end at once.
     machine = BySliceQuery(query_settings(buffer_size=2), live=False, end=at(50), now=0.0)
-    next_rows(machine, 0.0)
+    query = next_rows(machine, 0.0)
+    assert (query.limit, query.until_exclusive, query.to_inclusive) == (None, None, at(50))
+    for seq_nr in (1, 2, 3):
+        machine.on_row(row("a", seq_nr, at(1)), at(60), 0.0)
+    machine.on_rows_done(0.0)
+    assert isinstance(machine.next_request(0.0), Done)
+
+
+def test_a_full_live_query_at_the_tail_asks_again() -> None:
+    machine = BySliceQuery(query_settings(buffer_size=2), live=True, now=0.0)
+    query = next_rows(machine, 0.0)
+    assert query.limit == 2
     for seq_nr in (1, 2):
         machine.on_row(row("a", seq_nr, at(1)), at(60), 0.0)
     machine.on_rows_done(0.0)
     assert mode_of(machine) is Mode.NORMAL
-    assert isinstance(machine.next_request(0.0), BucketsQuery)
+    request = machine.next_request(0.0)
+    while isinstance(request, HorizonQuery):
+        answer(machine, request, Horizon(at(0)))
+        request = machine.next_request(0.0)
+    assert isinstance(request, BucketsQuery)
 
 
 def test_transactions_read_past_that_ended_are_found_oldest_first() -> None:
