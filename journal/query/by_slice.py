@@ -54,7 +54,13 @@ import attrs
 from journal.errors import InvalidArgument, ProtocolError
 from journal.model import TimestampOffset
 from journal.query.backtracking import BacktrackingTracker
-from journal.query.buckets import BUCKET_SECONDS, Bucket, BucketTracker, bucket_start
+from journal.query.buckets import (
+    BUCKET_SECONDS,
+    CHUNK_BUFFERS,
+    Bucket,
+    BucketTracker,
+    bucket_start,
+)
 from journal.query.horizon import Horizon
 from journal.query.horizon_tracker import HorizonTracker
 from journal.query.scan import ScanPosition
@@ -243,6 +249,8 @@ class BySliceQuery:
         self._pending_notifications: list[float] = []
         self._last_emit = now
         self._asked_at = now
+        # Whether the last normal LIMIT query came back full: a burst at the tail.
+        self._tail_full = False
         # Statistics for tests and benchmarks.
         self.queries = 0
         self.backtracking_queries = 0
@@ -381,12 +389,17 @@ class BySliceQuery:
         behind = None
         if self.live and horizon is None:
             behind = self.settings.behind_current_time
-        # Past the last bound, a live query reads `buffer_size` rows at a time: that is
-        # the tail, where new rows keep coming. A current query reads the rest up to its
-        # end in one statement, streamed: a LIMIT query sorts everything after its start
-        # for each `buffer_size` rows, which over a burst (the newest bucket, which the
-        # counts leave out, holding tens of thousands of rows) is quadratic.
-        limit = None if bound is not None or not self.live else self.settings.buffer_size
+        # Past the last bound a current query reads the rest up to its end in one
+        # statement, streamed. A live query is at the tail, where new rows keep coming:
+        # it reads with LIMIT, `buffer_size` rows at a time, or a chunk's worth while
+        # its last LIMIT query came back full (a burst in the newest bucket, which the
+        # counts leave out): each LIMIT query sorts everything after its start, so
+        # reading a burst 1,000 rows at a time costs its square over 1,000.
+        limit: int | None = None
+        if bound is None and self.live:
+            limit = self.settings.buffer_size
+            if self._tail_full:
+                limit *= CHUNK_BUFFERS
         return RowsQuery(
             backtracking=False,
             from_timestamp=self._scan.scan_from,
@@ -501,6 +514,7 @@ class BySliceQuery:
             # Held back by an open transaction: wait as at the tail.
             self._tail = self._tail.after_clipped_chunk(end)
         else:
+            self._tail_full = full
             self._buckets = self._buckets.after_limit_query(full)
             self._backtracked_by_reading(query)
             if not full:

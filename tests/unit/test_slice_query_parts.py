@@ -657,6 +657,12 @@ def test_a_full_live_query_at_the_tail_asks_again() -> None:
         answer(machine, request, Horizon(at(0)))
         request = machine.next_request(0.0)
     assert isinstance(request, BucketsQuery)
+    # past the counts (none here), a burst is read a chunk's worth at a time
+    burst = next_rows(machine, 0.0)
+    assert burst.limit == 2 * CHUNK_BUFFERS
+    machine.on_row(row("a", 3, at(2)), at(60), 0.0)
+    machine.on_rows_done(0.0)  # not full: back to buffer_size
+    assert next_rows(machine, 1.0).limit == 2
 
 
 def test_transactions_read_past_that_ended_are_found_oldest_first() -> None:
