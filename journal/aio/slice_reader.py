@@ -5,10 +5,12 @@ counts, rows, database time, waits) are answered here and nowhere else, by
 this module and its generated sync twin.
 
 Everything that needs a judgement lives in `by_slice.py`; this module only
-runs SQL, sleeps, and listens for wake-ups. Short (LIMIT) results are fetched
-whole and the connection is returned before any envelope is yielded; bounded
-catch-up chunks are streamed (`row_stream`) on a connection of the read pool,
-which handlers never draw from, so a slow consumer cannot starve them.
+runs SQL, sleeps, and listens for wake-ups. LIMIT results of at most
+`buffer_size` rows are fetched whole and the connection is returned before any
+envelope is yielded; everything else (catch-up chunks, a current query's last
+statement, a live query's larger LIMIT over a burst) is streamed (`row_stream`),
+`buffer_size` rows at a time, on a connection of the read pool, which handlers
+never draw from, so a slow consumer cannot starve them.
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ class SliceReader:
     async def _batches(
         self, statement: Any, params: dict[str, Any], request: RowsQuery, settings: QuerySettings
     ) -> AsyncGenerator[list[Any], None]:
-        if request.limit is not None:
+        if request.limit is not None and request.limit <= settings.buffer_size:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(statement, params, binary=True)
                 rows = await cur.fetchall()

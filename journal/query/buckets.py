@@ -6,7 +6,7 @@ give an upper timestamp that bounds each scan to about `CHUNK_BUFFERS` times
 `buffer_size` rows (at least one bucket); such a bounded chunk is streamed
 without LIMIT, `buffer_size` rows per fetch, so each row is sorted once. This
 module holds what the query knows about those counts and what it derives from
-them; at the tail, where a LIMIT query touches few rows anyway, it asks for none.
+them; at the tail, where a live LIMIT query touches few rows anyway, it asks for none.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class BucketTracker:
         return last.end
 
     def scan_bound(self, scan_from: datetime, end: datetime | None) -> datetime | None:
-        """The `until_exclusive` of the next normal scan: None for a LIMIT query."""
+        """The `until_exclusive` of the next normal scan: None past the last bound (a
+        live query's LIMIT poll, a current query's last statement)."""
         if not self.catching_up:
             return None
         bound = self.bound(scan_from)

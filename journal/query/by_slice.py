@@ -104,7 +104,8 @@ class RowsQuery:
     `until_exclusive` bound the scan from above; live queries also stay below
     the visibility `horizon`, or, without one, `behind_current_time` behind
     the database clock. `limit=None` means a chunk bounded by `until_exclusive`
-    that is streamed whole.
+    that is streamed whole, or, with no `until_exclusive`, a current query's last
+    statement: the rest up to `to_inclusive`.
     """
 
     backtracking: bool
@@ -171,8 +172,9 @@ class Mode(enum.Enum):
     horizon reading, which is never a run, so a window with nothing to re-read
     cannot make the two ping-pong; NORMAL or AFTER_BACKTRACKING -> DONE when a
     current query has read everything up to its end. Whether the normal query
-    is a bounded catch-up chunk or a LIMIT poll at the tail is the
-    `BucketTracker`'s business.
+    is a bounded catch-up chunk is the `BucketTracker`'s business; past its last
+    bound a current query reads the rest at once and a live one polls with LIMIT
+    (`_normal_query`).
     """
 
     NORMAL = "normal"
@@ -249,7 +251,8 @@ class BySliceQuery:
         self._pending_notifications: list[float] = []
         self._last_emit = now
         self._asked_at = now
-        # Whether the last normal LIMIT query came back full: a burst at the tail.
+        # Whether the last normal LIMIT query (live; a current query's last statement
+        # sets it False) came back full: a burst at the tail.
         self._tail_full = False
         # Statistics for tests and benchmarks.
         self.queries = 0
@@ -310,9 +313,9 @@ class BySliceQuery:
         return self._rows_query(self._normal_query(now))
 
     def next_chunk_if_whole(self, now: float) -> RowsQuery | None:
-        """The bounded chunk `next_request` asks for after the one being read, if that
-        one is read whole and no bucket count comes between; None when there is none
-        or it cannot be known yet.
+        """The chunk `next_request` asks for after the one being read (a bounded chunk,
+        or a current query's last statement), if that one is read whole and no bucket
+        count comes between; None when there is none or it cannot be known yet.
 
         The chunk's statement does not depend on the rows still coming, so the driver
         may start it early on another connection, and the server finds and sorts its
@@ -389,8 +392,10 @@ class BySliceQuery:
         behind = None
         if self.live and horizon is None:
             behind = self.settings.behind_current_time
-        # Past the last bound a current query reads the rest up to its end in one
-        # statement, streamed. A live query is at the tail, where new rows keep coming:
+        # Past the last bound (none left, or the next one past `end`) a current query
+        # reads the rest up to its end in one statement, streamed, rather than
+        # `buffer_size` rows per LIMIT query. A live query is at the tail, where new
+        # rows keep coming and the counts leave the newest, incomplete bucket out:
         # it reads with LIMIT, `buffer_size` rows at a time, or a chunk's worth while
         # its last LIMIT query came back full (a burst in the newest bucket, which the
         # counts leave out): each LIMIT query sorts everything after its start, so
