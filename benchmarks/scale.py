@@ -491,12 +491,11 @@ async def all_plans(
         batch = prepare_append(
             SerializerRegistry(), pid, [{"amount": 1, "note": "deposit"}], seq_nr, (), None
         )
+        append, values = WriterSql.of(tables).append_call(batch, MEASURE_WRITER)
         async with conn.transaction(force_rollback=True):
             plans.append(
                 await explain(
-                    conn,
-                    "append (1 event to an existing id, rolled back)",
-                    *WriterSql.of(tables).append_statement(batch, MEASURE_WRITER),
+                    conn, "append (1 event to an existing id, rolled back)", append.text, values
                 )
             )
     return plans

@@ -123,6 +123,7 @@ class WireStatement:
     text: bytes
     oids: tuple[int, ...]
     encoders: tuple[Callable[[Any], bytes], ...]
+    formats: tuple[pq.Format, ...]  # every parameter's: binary
     decoders: tuple[Callable[[bytes, tzinfo], Any], ...]
 
     @classmethod
@@ -144,6 +145,7 @@ class WireStatement:
             text=text.encode("utf-8"),
             oids=tuple(w.oid for w in wire),
             encoders=tuple(w.encode for w in wire),
+            formats=(pq.Format.BINARY,) * len(wire),
             decoders=tuple(r.decode for r in returns),
         )
 

@@ -267,12 +267,6 @@ class WriterSql:
             ).format(journal=journal, marker=MARK_DELETED),
         )
 
-    def append_statement(self, batch: PreparedAppend, writer_id: str) -> tuple[str, list[Any]]:
-        """The statement that stores a prepared batch, and its parameters: numbered
-        placeholders, for a raw cursor (`AsyncRawCursor`, `RawCursor`)."""
-        statement, values = self.append_call(batch, writer_id)
-        return statement.text, values
-
     def append_call(self, batch: PreparedAppend, writer_id: str) -> tuple[Positional, list[Any]]:
         """The statement that stores a prepared batch (with its `wire` form for a batch
         of up to `MAX_VALUES_EVENTS` events), and its parameters in order."""

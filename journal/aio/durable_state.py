@@ -150,7 +150,7 @@ class DurableStateStore:
                     async with own.transaction():
                         await self._write_on(own, params, value, change_event)
                 else:  # the pool's own idle connection: the write runs prepared
-                    await self._write_on(own, params, value, change_event, lean=True)
+                    await self._write_on(own, params, value, change_event, own=True)
         notifier = self.journal._notifier
         if notifier is not None:
             notifier.changed(params["entity_type"], params["slice"])
@@ -162,10 +162,10 @@ class DurableStateStore:
         value: Any,
         change_event: PreparedAppend | None,
         *,
-        lean: bool = False,
+        own: bool = False,
     ) -> None:
         statement = self._sql.insert if params["revision"] == 1 else self._sql.update
-        written = await prepared.first_row(conn, statement, statement.values(params), prepared=lean)
+        written = await prepared.first_row(conn, statement, statement.values(params), prepared=own)
         if written is None:
             cur = await conn.execute(self._sql.revision_of, (params["pid"],))
             row = await cur.fetchone()

@@ -151,7 +151,7 @@ class SyncDurableStateStore:
                     with own.transaction():
                         self._write_on(own, params, value, change_event)
                 else:  # the pool's own idle connection: the write runs prepared
-                    self._write_on(own, params, value, change_event, lean=True)
+                    self._write_on(own, params, value, change_event, own=True)
         notifier = self.journal._notifier
         if notifier is not None:
             notifier.changed(params["entity_type"], params["slice"])
@@ -163,10 +163,10 @@ class SyncDurableStateStore:
         value: Any,
         change_event: PreparedAppend | None,
         *,
-        lean: bool = False,
+        own: bool = False,
     ) -> None:
         statement = self._sql.insert if params["revision"] == 1 else self._sql.update
-        written = prepared.first_row(conn, statement, statement.values(params), prepared=lean)
+        written = prepared.first_row(conn, statement, statement.values(params), prepared=own)
         if written is None:
             cur = conn.execute(self._sql.revision_of, (params["pid"],))
             row = cur.fetchone()

@@ -83,7 +83,6 @@ def run(
     names = _prepared.get(conn)
     if names is None:
         names = _prepared[conn] = set()
-    formats = [_BINARY] * len(values)
     for attempt in (1, 2):
         if statement.name not in names:
             pgconn.send_prepare(statement.name, statement.text, statement.oids)
@@ -91,7 +90,7 @@ def run(
             if prepared.error_field(_SQLSTATE) != _ALREADY_PREPARED:
                 _check(conn, prepared, _COMMAND_OK)
             names.add(statement.name)
-        pgconn.send_query_prepared(statement.name, values, formats, _BINARY)
+        pgconn.send_query_prepared(statement.name, values, statement.formats, _BINARY)
         result = (conn.wait(generators.execute(pgconn)))[-1]
         if result.status == _TUPLES_OK:
             return result
