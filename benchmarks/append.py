@@ -20,9 +20,10 @@ Per case four variants are measured, each run in a fresh schema:
   ceiling for the journal: what the statement itself costs over a bare INSERT.
 - journal: `Journal.append` with default settings (post-commit NOTIFY on),
   pool of writers + 2 connections.
-- journal, notify off: the same with `JournalSettings(notify=False)`.
+- journal, ungrouped: the same with `JournalSettings(append_statements=None)`:
+  every append its own statement (no group commit), as before 0.3.
 
-Variants are interleaved (round 1: raw, journal, no-notify; round 2 reversed,
+Variants are interleaved (round 1: raw, journal SQL, journal, ungrouped; round 2 reversed,
 ...) because the machine is shared and noisy; the table shows each variant's
 best run. Each run also measures the client's CPU time (`time.process_time()`,
 this process: event loop, psycopg, the library) over its timed window, shown
@@ -93,8 +94,8 @@ GOAL = 0.8
 RAW = "raw"
 SQL_ONLY = "journal SQL"
 JOURNAL = "journal"
-NO_NOTIFY = "journal notify=off"
-VARIANTS = (RAW, SQL_ONLY, JOURNAL, NO_NOTIFY)
+UNGROUPED = "journal ungrouped"
+VARIANTS = (RAW, SQL_ONLY, JOURNAL, UNGROUPED)
 
 
 @dataclass(frozen=True)
@@ -255,10 +256,13 @@ def statement_writer(
     return append
 
 
-async def run_journal(dsn: str, case: Case, timing: Timing, *, notify: bool) -> Measured:
+async def run_journal(dsn: str, case: Case, timing: Timing, *, grouped: bool) -> Measured:
     schema = fresh_schema("bench_journal")
     settings = JournalSettings(
-        schema=schema, pool_max_size=case.writers + 2, writer_id=WRITER_ID, notify=notify
+        schema=schema,
+        pool_max_size=case.writers + 2,
+        writer_id=WRITER_ID,
+        append_statements=JournalSettings().append_statements if grouped else None,
     )
     try:
         async with Journal.connect(dsn, settings, create_schema=True) as journal:
@@ -341,7 +345,7 @@ async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Mea
         return await run_raw(dsn, case, timing, raw_writer)
     if variant == SQL_ONLY:
         return await run_raw(dsn, case, timing, statement_writer)
-    return await run_journal(dsn, case, timing, notify=variant == JOURNAL)
+    return await run_journal(dsn, case, timing, grouped=variant == JOURNAL)
 
 
 # -- several processes at once ------------------------------------------------------------
@@ -420,7 +424,9 @@ async def run_child(spec: ChildSpec) -> None:
         else:
             settings = JournalSettings(
                 schema=spec.schema, pool_max_size=spec.writers + 2, writer_id=WRITER_ID,
-                notify=spec.variant == JOURNAL,
+                append_statements=(
+                    JournalSettings().append_statements if spec.variant == JOURNAL else None
+                ),
             )  # fmt: skip
             journal = await stack.enter_async_context(Journal.connect(spec.dsn, settings))
             workers = [journal_writer(journal, PidRotation(w), spec.batch) for w in indexes]
@@ -456,13 +462,13 @@ async def run_case(dsn: str, case: Case, timing: Timing) -> CaseResults:
         paired = [j / r for j, r in zip(rates[JOURNAL], rates[RAW], strict=True)]
         own = [j / q for j, q in zip(rates[JOURNAL], rates[SQL_ONLY], strict=True)]
         ceiling = [q / r for q, r in zip(rates[SQL_ONLY], rates[RAW], strict=True)]
-        on_off = [j / q for j, q in zip(rates[JOURNAL], rates[NO_NOTIFY], strict=True)]
+        grouping = [j / q for j, q in zip(rates[JOURNAL], rates[UNGROUPED], strict=True)]
         print(
             f"  {case.name:<22} per round: journal/raw "
             f"{', '.join(map(format_ratio, paired))}; journal/SQL "
             f"{', '.join(map(format_ratio, own))}; SQL/raw "
-            f"{', '.join(map(format_ratio, ceiling))}; notify on/off "
-            f"{', '.join(map(format_ratio, on_off))}",
+            f"{', '.join(map(format_ratio, ceiling))}; grouped/ungrouped "
+            f"{', '.join(map(format_ratio, grouping))}",
             flush=True,
         )
     return results
@@ -534,8 +540,8 @@ async def run_cases(cases: tuple[Case, ...], timing: Timing, dsn_arg: str | None
             "journal ev/s",
             "journal/raw",
             "journal/SQL",
-            "no-notify/raw",
-            "notify on/off",
+            "ungrouped/raw",
+            "grouped/ungrouped",
             "spread",
             f">= {GOAL}",
         ],
@@ -548,7 +554,7 @@ async def run_cases(cases: tuple[Case, ...], timing: Timing, dsn_arg: str | None
             "raw us/append",
             "SQL us/append",
             "journal us/append",
-            "no-notify us/append",
+            "ungrouped us/append",
             "journal - SQL",
             "journal/raw CPU",
         ],
@@ -565,8 +571,9 @@ async def run_cases(cases: tuple[Case, ...], timing: Timing, dsn_arg: str | None
     print(
         "events/s: best run of each variant; the ratios are of those bests. SQL: the journal's "
         "append statement alone, on dedicated connections (the ceiling for journal/raw);\n"
-        "notify on/off: journal / journal notify=off; spread: the largest (max - min) / median "
-        "over the runs of one variant in the case (high = noisy machine, read with care)."
+        "grouped/ungrouped: journal / journal with append_statements=None (no group commit);\n"
+        "spread: the largest (max - min) / median over the runs of one variant in the case "
+        "(high = noisy machine, read with care)."
     )
     print(
         f"goal journal/raw >= {GOAL} with NOTIFY on: met in {met} of {len(ratios)} cases; "

@@ -36,11 +36,15 @@ INT8_OID: Final = 20
 TEXT_OID: Final = 25
 BYTEA_OID: Final = 17
 TEXT_ARRAY_OID: Final = 1009
+INT4_ARRAY_OID: Final = 1007
+INT8_ARRAY_OID: Final = 1016
+BYTEA_ARRAY_OID: Final = 1001
 
 _INT4: Final = struct.Struct(">i")
 _INT8: Final = struct.Struct(">q")
 _ARRAY_HEADER: Final = struct.Struct(">iiiii")  # ndim, has nulls, element type, length, lower bound
 _LENGTH: Final = _INT4
+_NULL: Final = _LENGTH.pack(-1)  # an array element's length when it is NULL
 
 
 def _text(value: str) -> bytes:
@@ -55,14 +59,27 @@ def _bytea(value: bytes) -> bytes:
     return bytes(value)
 
 
-def _text_array(value: Sequence[str]) -> bytes:
-    """A one-dimensional `text[]` without NULLs in the binary array format."""
-    parts = [_ARRAY_HEADER.pack(1, 0, TEXT_OID, len(value), 1)]
-    for item in value:
-        data = item.encode("utf-8")
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
+def _array(element_oid: int, encode: Callable[[Any], bytes]) -> Callable[[Sequence[Any]], bytes]:
+    """The encoder of a one-dimensional array of `element_oid` in the binary array format,
+    its elements written by `encode` (a None element is NULL)."""
+
+    def encode_array(value: Sequence[Any]) -> bytes:
+        if isinstance(value, str | bytes):  # a sequence, but not of elements
+            raise TypeError(f"not an array: {type(value).__name__}")
+        parts = [b""]
+        nulls = 0
+        for item in value:
+            if item is None:
+                nulls = 1
+                parts.append(_NULL)
+            else:
+                data = encode(item)
+                parts.append(_LENGTH.pack(len(data)))
+                parts.append(data)
+        parts[0] = _ARRAY_HEADER.pack(1, nulls, element_oid, len(value), 1)
+        return b"".join(parts)
+
+    return encode_array
 
 
 def _unpack_int(format: struct.Struct) -> Callable[[bytes, tzinfo], int]:
@@ -106,7 +123,10 @@ INT4: Final = WireType(INT4_OID, _INT4.pack, _unpack_int(_INT4))
 INT8: Final = WireType(INT8_OID, _INT8.pack, _unpack_int(_INT8))
 TEXT: Final = WireType(TEXT_OID, _text)
 BYTEA: Final = WireType(BYTEA_OID, _bytea)
-TEXT_ARRAY: Final = WireType(TEXT_ARRAY_OID, _text_array)
+TEXT_ARRAY: Final = WireType(TEXT_ARRAY_OID, _array(TEXT_OID, _text))
+INT4_ARRAY: Final = WireType(INT4_ARRAY_OID, _array(INT4_OID, _INT4.pack))
+INT8_ARRAY: Final = WireType(INT8_ARRAY_OID, _array(INT8_OID, _INT8.pack))
+BYTEA_ARRAY: Final = WireType(BYTEA_ARRAY_OID, _array(BYTEA_OID, _bytea))
 TIMESTAMPTZ: Final = WireType(1184, _unwritable, timestamptz)
 
 # Errors a value that does not fit its type raises while being encoded.
@@ -169,6 +189,19 @@ class WireStatement:
             None if data is None else decode(data, zone)
             for decode, data in zip(self.decoders, values, strict=True)
         )
+
+    def rows(self, result: pq.abc.PGresult, zone: tzinfo) -> list[tuple[Any, ...]]:
+        """The leading columns of every row of the result, as `first_row` reads one."""
+        columns = range(len(self.decoders))
+        return [
+            tuple(
+                None if data is None else decode(data, zone)
+                for decode, data in zip(
+                    self.decoders, (result.get_value(row, i) for i in columns), strict=True
+                )
+            )
+            for row in range(result.ntuples)
+        ]
 
 
 _NAMED: Final = re.compile(r"%\((\w+)\)b")

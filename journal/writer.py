@@ -35,9 +35,23 @@ from journal.query.by_persistence_id import MAX_SEQ_NR
 from journal.serialization import SerializerRegistry
 from journal.slices import entity_type_of, slice_for, validate_persistence_id
 from journal.tables import Tables
-from journal.wire import BYTEA, INT4, INT8, TEXT, TEXT_ARRAY, TIMESTAMPTZ, Positional, WireType
+from journal.wire import (
+    BYTEA,
+    BYTEA_ARRAY,
+    INT4,
+    INT4_ARRAY,
+    INT8,
+    INT8_ARRAY,
+    TEXT,
+    TEXT_ARRAY,
+    TIMESTAMPTZ,
+    Positional,
+    WireType,
+)
 
 MAX_TAG_LENGTH = 255
+# The most events one group statement stores (`journal/append_groups.py`).
+MAX_GROUP_EVENTS = 1000
 
 
 @attrs.frozen
@@ -204,6 +218,78 @@ _PARAM_TYPES: dict[str, WireType] = {
 _RETURNS = (INT4, TIMESTAMPTZ)
 
 
+# Several appends (of distinct persistence ids) in one statement, one transaction: a
+# group commit (`journal/append_groups.py` says when). Each append is a row of `a`,
+# its events rows of `e` naming it by its position `n`; an append whose
+# `expected_seq_nr` is not current inserts nothing, the others all their events, each
+# with the single append's timestamp rule. Tags travel as one array sliced per append
+# (arrays of arrays must be rectangular). The result: one row (n, db_timestamp) per
+# stored append. Two writers racing for a seq_nr still collide on the primary key,
+# which fails the whole statement; the driver then runs each append alone.
+_GROUP = sql.SQL(
+    """WITH p AS (
+      SELECT %(pids)b::text[] AS pids, %(slices)b::int[] AS slices,
+        %(entity_types)b::text[] AS entity_types, %(expected)b::bigint[] AS expected,
+        %(tag_from)b::int[] AS tag_from, %(tag_to)b::int[] AS tag_to,
+        %(meta_ser_ids)b::int[] AS meta_ser_ids, %(meta_manifests)b::text[] AS meta_manifests,
+        %(meta_payloads)b::bytea[] AS meta_payloads, %(tags)b::text[] AS tags,
+        %(event_of)b::int[] AS event_of, %(event_k)b::int[] AS event_k,
+        %(ser_ids)b::int[] AS ser_ids, %(manifests)b::text[] AS manifests,
+        %(payloads)b::bytea[] AS payloads
+      OFFSET 0
+    ), a AS (
+      SELECT a.* FROM p, unnest(
+        p.pids, p.slices, p.entity_types, p.expected, p.tag_from, p.tag_to,
+        p.meta_ser_ids, p.meta_manifests, p.meta_payloads
+      ) WITH ORDINALITY AS a(
+        pid, slice, entity_type, expected, tag_from, tag_to,
+        meta_ser_id, meta_manifest, meta_payload, n
+      )
+    ), ok AS MATERIALIZED (
+      SELECT a.*, GREATEST(
+          transaction_timestamp(), prev.db_timestamp + interval '1 microsecond'
+        ) AS ts
+      FROM a LEFT JOIN LATERAL (
+        SELECT seq_nr, db_timestamp FROM {journal}
+        WHERE persistence_id = a.pid ORDER BY seq_nr DESC LIMIT 1
+      ) prev ON true
+      WHERE COALESCE(prev.seq_nr, 0) = a.expected
+    ), ins AS (
+      INSERT INTO {journal} (
+        slice, entity_type, persistence_id, seq_nr, db_timestamp, writer,
+        event_ser_id, event_ser_manifest, event_payload, tags,
+        meta_ser_id, meta_ser_manifest, meta_payload, deleted
+      )
+      SELECT ok.slice, ok.entity_type, ok.pid, ok.expected + e.k, ok.ts,
+        %(writer)b, e.ser_id, e.manifest, e.payload,
+        CASE WHEN ok.tag_to >= ok.tag_from THEN p.tags[ok.tag_from:ok.tag_to] END,
+        ok.meta_ser_id, ok.meta_manifest, ok.meta_payload, false
+      FROM p, unnest(p.event_of, p.event_k, p.ser_ids, p.manifests, p.payloads)
+        AS e(n, k, ser_id, manifest, payload)
+      JOIN ok ON ok.n = e.n
+    )
+    SELECT ok.n::int, ok.ts FROM ok"""
+)
+_GROUP_TYPES: dict[str, WireType] = {
+    "pids": TEXT_ARRAY,
+    "slices": INT4_ARRAY,
+    "entity_types": TEXT_ARRAY,
+    "expected": INT8_ARRAY,
+    "tag_from": INT4_ARRAY,
+    "tag_to": INT4_ARRAY,
+    "meta_ser_ids": INT4_ARRAY,
+    "meta_manifests": TEXT_ARRAY,
+    "meta_payloads": BYTEA_ARRAY,
+    "writer": TEXT,
+    "tags": TEXT_ARRAY,
+    "event_of": INT4_ARRAY,
+    "event_k": INT4_ARRAY,
+    "ser_ids": INT4_ARRAY,
+    "manifests": TEXT_ARRAY,
+    "payloads": BYTEA_ARRAY,
+}
+
+
 @attrs.frozen
 class WriterSql:
     """The write side's statements for one journal table, shared by both drivers."""
@@ -212,6 +298,8 @@ class WriterSql:
     append_one: Positional
     # append_values[n - 2]: the statement for a batch of n events, 2 <= n <= MAX_VALUES_EVENTS.
     append_values: tuple[Positional, ...]
+    # Several appends of distinct ids in one statement (`group_call`).
+    append_group: Positional
     highest: sql.Composed
     delete_before: sql.Composed
     mark_deleted: sql.Composed
@@ -253,6 +341,9 @@ class WriterSql:
                     _RETURNS,
                 )
                 for count in range(2, MAX_VALUES_EVENTS + 1)
+            ),
+            append_group=Positional.of(
+                _GROUP.format(journal=journal), _GROUP_TYPES, (INT4, TIMESTAMPTZ)
             ),
             highest=sql.SQL(
                 "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"
@@ -301,6 +392,44 @@ class WriterSql:
         params["manifests"] = [p.manifest for p in payloads]
         params["payloads"] = [p.payload for p in payloads]
         return self.append, self.append.values(params)
+
+    def group_call(self, batches: Sequence[PreparedAppend], writer_id: str) -> list[Any]:
+        """The parameters of `append_group` storing `batches` (of distinct persistence
+        ids), in order; its result rows name each stored batch by its position from 1."""
+        tags: list[str] = []
+        tag_from: list[int] = []
+        tag_to: list[int] = []
+        event_of: list[int] = []
+        event_k: list[int] = []
+        payloads: list[SerializedPayload] = []
+        for n, batch in enumerate(batches, start=1):
+            tag_from.append(len(tags) + 1)
+            tags.extend(batch.tags)
+            tag_to.append(len(tags))
+            count = len(batch.payloads)
+            event_of.extend([n] * count)
+            event_k.extend(range(1, count + 1))
+            payloads.extend(batch.payloads)
+        metas = [batch.meta for batch in batches]
+        params: dict[str, Any] = {
+            "pids": [batch.persistence_id for batch in batches],
+            "slices": [batch.slice for batch in batches],
+            "entity_types": [batch.entity_type for batch in batches],
+            "expected": [batch.expected_seq_nr for batch in batches],
+            "tag_from": tag_from,
+            "tag_to": tag_to,
+            "meta_ser_ids": [None if m is None else m.serializer_id for m in metas],
+            "meta_manifests": [None if m is None else m.manifest for m in metas],
+            "meta_payloads": [None if m is None else m.payload for m in metas],
+            "writer": writer_id,
+            "tags": tags or None,
+            "event_of": event_of,
+            "event_k": event_k,
+            "ser_ids": [p.serializer_id for p in payloads],
+            "manifests": [p.manifest for p in payloads],
+            "payloads": [p.payload for p in payloads],
+        }
+        return self.append_group.values(params)
 
 
 def stored_timestamp(row: Sequence[Any] | None) -> datetime | None:

@@ -115,7 +115,12 @@ class Journal:
             NotificationListener(channel, self._connect) if settings.query.notifications else None
         )
         self._writer = EventWriter(
-            self.pool, self.tables, registry, settings.writer_id, self._notifier
+            self.pool,
+            self.tables,
+            registry,
+            settings.writer_id,
+            self._notifier,
+            settings.append_statements,
         )
         self._snapshots = SnapshotStore(self.pool, self.tables, registry)
         self._eraser = Eraser(self.pool, self.tables, settings.writer_id, self._notifier)
@@ -209,6 +214,7 @@ class Journal:
 
     async def close(self) -> None:
         """Send pending notifications, stop listening and close the pools."""
+        await self._writer.close()
         if self._notifier is not None:
             await self._notifier.close()
         if self._listener is not None:

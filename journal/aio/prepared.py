@@ -69,6 +69,22 @@ async def first_row(
         return row
 
 
+async def rows(
+    conn: AsyncConnection[Any], statement: Positional, values: list[Any]
+) -> list[tuple[Any, ...]] | None:
+    """Every row of `statement`'s result, run through libpq on a pool's connection held
+    for it alone (as `first_row` with `prepared`); None if it cannot run that way (a
+    value its type cannot hold, a session that is not UTF8): the caller does otherwise."""
+    wire = statement.wire
+    encoded = None if wire is None else wire.encode(values)
+    if wire is None or encoded is None:
+        return None
+    result = await run(conn, wire, encoded)
+    if result is NOT_RUN:
+        return None
+    return wire.rows(result, conn.info.timezone)
+
+
 async def run(
     conn: AsyncConnection[Any], statement: WireStatement, values: list[bytes | None]
 ) -> pq.abc.PGresult | Any:

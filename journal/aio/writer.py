@@ -18,8 +18,9 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from journal.aio import prepared
+from journal.aio import flavour, prepared
 from journal.aio.notifications import Notifier, send_notification
+from journal.append_groups import AppendGroups, Waiting, stored_in_group
 from journal.errors import ConcurrencyError
 from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
@@ -34,6 +35,7 @@ from journal.telemetry import (
 )
 from journal.wire import Positional
 from journal.writer import (
+    MAX_GROUP_EVENTS,
     PreparedAppend,
     WriterSql,
     appended_envelopes,
@@ -52,6 +54,7 @@ class EventWriter:
         registry: SerializerRegistry,
         writer_id: str,
         notifier: Notifier | None,
+        append_statements: int | None = None,
     ) -> None:
         self._pool = pool
         self._tables = tables
@@ -59,6 +62,12 @@ class EventWriter:
         self._writer_id = writer_id
         self._notifier = notifier
         self._sql = WriterSql.of(tables)
+        # Group commit of the pool's appends (`journal/append_groups.py`); None: each its own.
+        self._groups = (
+            None if append_statements is None else AppendGroups(append_statements, MAX_GROUP_EVENTS)
+        )
+        # The tasks running groups; kept so that they are not collected while they run.
+        self._group_tasks: set[flavour.Task[None]] = set()
 
     async def append(
         self, batch: PreparedAppend, conn: AsyncConnection[Any] | None = None
@@ -106,17 +115,111 @@ class EventWriter:
                 actual = await self.highest_seq_nr(batch.persistence_id, conn)
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         else:
-            async with self._pool.connection() as own:
-                stored_at = await self._insert(own, statement, values, own=True)
-                if stored_at is None:
-                    # Ask on the connection already held: taking a second one from the
-                    # pool while holding this one can exhaust the pool under contention.
-                    actual = await self.highest_seq_nr(batch.persistence_id, own)
-                    raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+            stored_at = await self._append_own(batch, statement, values)
             if self._notifier is not None:
                 current_telemetry().notified(batch.entity_type)
                 self._notifier.changed(batch.entity_type, batch.slice)
         return appended_envelopes(batch, stored_at, self._writer_id)
+
+    async def _append_own(
+        self, batch: PreparedAppend, statement: Positional, values: list[Any]
+    ) -> datetime:
+        """Store a batch on the pool's own connections: alone, or in the next group when
+        `append_statements` statements run already; `ConcurrencyError` if its
+        `expected_seq_nr` is not current."""
+        groups = self._groups
+        if groups is not None and not groups.try_run():
+            waiting = Waiting(batch, flavour.Event())
+            if not groups.queue(waiting):
+                return await self._in_group(groups, waiting)
+        try:
+            return await self._alone(batch, statement, values)
+        finally:
+            if groups is not None:
+                self._run_next_groups(groups)
+
+    async def _alone(
+        self, batch: PreparedAppend, statement: Positional, values: list[Any]
+    ) -> datetime:
+        async with self._pool.connection() as own:
+            stored_at = await self._insert(own, statement, values, own=True)
+            if stored_at is None:
+                # Ask on the connection already held: taking a second one from the
+                # pool while holding this one can exhaust the pool under contention.
+                actual = await self.highest_seq_nr(batch.persistence_id, own)
+                raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+        return stored_at
+
+    async def _in_group(self, groups: AppendGroups, waiting: Waiting) -> datetime:
+        try:
+            await waiting.done.wait()
+        except flavour.CancelledError:
+            # Still queued: it is never written. Taken: its group runs on without it.
+            groups.withdraw(waiting)
+            raise
+        if waiting.error is not None:
+            raise waiting.error
+        if waiting.stored_at is None:
+            batch = waiting.batch
+            actual = await self.highest_seq_nr(batch.persistence_id)
+            raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
+        return waiting.stored_at
+
+    def _run_next_groups(self, groups: AppendGroups) -> None:
+        """A statement ended: start what waited for it as a group, in a task of its own
+        (no caller's cancellation stops a statement that others wait for)."""
+        group = groups.finish()
+        if group:
+            tasks = {task for task in self._group_tasks if not task.done()}
+            tasks.add(
+                flavour.spawn(self._run_groups, groups, group, name="slicejournal-append-group")
+            )
+            self._group_tasks = tasks
+
+    async def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
+        while group:
+            try:
+                await self._run_group(group)
+            except BaseException as e:  # cancelled: its callers must not wait forever
+                for waiting in group:
+                    if not waiting.done.is_set():
+                        waiting.failed(e)
+                self._run_next_groups(groups)  # what waits runs in a task of its own
+                raise
+            group = groups.finish()
+
+    async def _run_group(self, group: list[Waiting]) -> None:
+        """Store a group's appends in one statement; each waiting caller gets its outcome."""
+        if len(group) > 1:
+            values = self._sql.group_call([w.batch for w in group], self._writer_id)
+            try:
+                async with self._pool.connection() as own:
+                    rows = await prepared.rows(own, self._sql.append_group, values)
+            except _RUN_ALONE:
+                rows = None  # rolled back: each append alone says which one failed, and why
+            except Exception as e:
+                for waiting in group:
+                    waiting.failed(e)
+                return
+            if rows is not None:
+                for waiting, stored_at in zip(
+                    group, stored_in_group(len(group), rows), strict=True
+                ):
+                    waiting.succeeded(stored_at)
+                return
+        for waiting in group:
+            statement, values = self._sql.append_call(waiting.batch, self._writer_id)
+            try:
+                async with self._pool.connection() as own:
+                    stored_at = await self._insert(own, statement, values, own=True)
+            except Exception as e:
+                waiting.failed(e)
+            else:
+                waiting.succeeded(stored_at)
+
+    async def close(self) -> None:
+        """Wait for the groups that run (their callers wait for them)."""
+        await flavour.gather(list(self._group_tasks))
 
     async def _insert(
         self, conn: AsyncConnection[Any], statement: Positional, values: list[Any], *, own: bool
@@ -161,6 +264,17 @@ class EventWriter:
             await conn.execute(self._sql.delete_before, (persistence_id, target))
             await conn.execute(self._sql.mark_deleted, (persistence_id, target))
             return target
+
+
+# A group statement's errors after which each of its appends runs alone: the server
+# rolled the group back for what one of them holds (a seq_nr another writer took,
+# a deadlock between such races, a value it refused), and alone each gets its own.
+_RUN_ALONE = (
+    psycopg.IntegrityError,
+    psycopg.DataError,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
 
 
 @contextlib.asynccontextmanager

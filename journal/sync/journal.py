@@ -110,7 +110,12 @@ class SyncJournal:
             NotificationListener(channel, self._connect) if settings.query.notifications else None
         )
         self._writer = EventWriter(
-            self.pool, self.tables, registry, settings.writer_id, self._notifier
+            self.pool,
+            self.tables,
+            registry,
+            settings.writer_id,
+            self._notifier,
+            settings.append_statements,
         )
         self._snapshots = SnapshotStore(self.pool, self.tables, registry)
         self._eraser = Eraser(self.pool, self.tables, settings.writer_id, self._notifier)
@@ -204,6 +209,7 @@ class SyncJournal:
 
     def close(self) -> None:
         """Send pending notifications, stop listening and close the pools."""
+        self._writer.close()
         if self._notifier is not None:
             self._notifier.close()
         if self._listener is not None:

@@ -1,0 +1,348 @@
+"""Concurrent appends of one process share a statement (`journal/append_groups.py`).
+
+A group must store exactly what the same appends store alone, give every
+append its own outcome (stored, or `ConcurrencyError` with nothing of it
+stored), and never let one append's failure take the others with it. The
+statements are held open with real uncommitted rows on other connections, so
+that the order of events is forced, not hoped for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+from psycopg import sql
+
+from journal import ConcurrencyError, Journal, JournalSettings, SyncJournal, slice_for
+from tests.support.pg import Row, drop_test_schema, fetch, fresh_schema_name
+
+pytestmark = pytest.mark.timeout(60)
+
+COLUMNS = (
+    "slice, entity_type, persistence_id, seq_nr, writer, event_ser_id, event_ser_manifest, "
+    "event_payload, tags, meta_ser_id, meta_ser_manifest, meta_payload, deleted"
+)
+
+# (persistence id, events, tags, metadata): each round's appends run concurrently.
+ROUNDS: list[list[tuple[str, list[Any], list[str], Any]]] = [
+    [
+        ("Acct|a", [{"amount": 1}], [], None),
+        ("Acct|b", [{"n": i} for i in range(3)], ['q"u\\o', "t,1", "{x}", "é ✓"], {"m": [1]}),
+        ("Acct|c", [b"\x00\xff raw", {"big": 2**70}], ["NULL"], None),
+        ("Other|d", ["text", 1.5, None, True], [], {"nested": {"k": "v"}}),
+        ("Acct|e", [{"n": i} for i in range(12)], ["one", "two"], "meta"),
+        ("Acct|f", [{"x": 1}], ["solo"], None),
+    ],
+    [
+        ("Acct|a", [{"amount": 2}, {"amount": 3}], ["t"], None),
+        ("Acct|b", [{"n": 3}], [], "m2"),
+        ("Acct|c", [{"n": 4}], ["x", "y", "z"], None),
+        ("Other|d", [{"n": 5}], [], None),
+    ],
+]
+
+
+def table(schema: str) -> sql.Composable:
+    return sql.Identifier(schema, "event_journal")
+
+
+async def stored(pg_dsn: str, schema: str) -> list[Row]:
+    return await fetch(
+        pg_dsn,
+        sql.SQL("SELECT " + COLUMNS + " FROM {} ORDER BY persistence_id, seq_nr").format(
+            table(schema)
+        ),
+    )
+
+
+async def group_statement_prepared(journal: Journal) -> bool:
+    """Whether the journal's (single) write connection ran a group statement: it is
+    prepared there the first time it runs."""
+    assert journal.settings.pool_max_size == 1
+    wire = journal._writer._sql.append_group.wire
+    assert wire is not None
+    async with journal.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
+            (wire.name.decode(),),
+        )
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture
+def two_schemas(pg_dsn: str) -> Iterator[tuple[str, str]]:
+    names = (fresh_schema_name(), fresh_schema_name())
+    yield names
+    for name in names:
+        drop_test_schema(pg_dsn, name)
+
+
+async def append_rounds(journal: Journal) -> None:
+    highest: dict[str, int] = {}
+    for appends in ROUNDS:
+        results = await asyncio.gather(
+            *(
+                journal.append(
+                    pid, events, expected_seq_nr=highest.get(pid, 0), tags=tags, metadata=meta
+                )
+                for pid, events, tags, meta in appends
+            )
+        )
+        for (pid, events, _, _), appended in zip(appends, results, strict=True):
+            expected = highest.get(pid, 0)
+            assert [e.seq_nr for e in appended] == list(
+                range(expected + 1, expected + 1 + len(events))
+            )
+            assert [e.event for e in appended] == events
+            assert len({e.db_timestamp for e in appended}) == 1
+            highest[pid] = expected + len(events)
+
+
+async def test_a_group_stores_what_the_same_appends_store_alone(
+    pg_dsn: str, two_schemas: tuple[str, str]
+) -> None:
+    grouped, alone = two_schemas
+    common = {"pool_max_size": 1, "writer_id": "w-1"}
+    async with Journal.connect(
+        pg_dsn, JournalSettings(schema=grouped, append_statements=1, **common), create_schema=True
+    ) as j:
+        await append_rounds(j)
+        assert await group_statement_prepared(j)
+        read = [e async for e in j.current_events_by_persistence_id("Acct|b")]
+    async with Journal.connect(
+        pg_dsn, JournalSettings(schema=alone, append_statements=None, **common), create_schema=True
+    ) as j:
+        await append_rounds(j)
+        assert not await group_statement_prepared(j)
+    rows = await stored(pg_dsn, grouped)
+    assert len(rows) == sum(len(a[1]) for r in ROUNDS for a in r)
+    assert rows == await stored(pg_dsn, alone)
+    assert [e.event for e in read] == [{"n": i} for i in range(4)]
+    assert [e.tags for e in read] == [('q"u\\o', "t,1", "{x}", "é ✓")] * 3 + [()]
+    assert [e.metadata for e in read] == [{"m": [1]}] * 3 + ["m2"]
+
+
+async def blocked_by(pg_dsn: str, blocker: psycopg.AsyncConnection[Any]) -> None:
+    """Until a statement waits for a lock `blocker` holds (an append blocked on a row
+    that `blocker`'s open transaction is inserting)."""
+    for _ in range(500):
+        rows = await fetch(
+            pg_dsn,
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (blocker.info.backend_pid,),
+        )
+        if rows[0][0]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("no statement waited for the blocking transaction")
+
+
+async def uncommitted(conn: psycopg.AsyncConnection[Any], schema: str, pid: str) -> None:
+    """Insert seq_nr 1 of `pid` in `conn`'s open transaction: an append of it blocks."""
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
+            "writer, event_ser_id, event_ser_manifest, event_payload, deleted) "
+            "VALUES (%s, 'Acct', %s, 1, now(), 'blocker', 0, '', '\\x'::bytea, false)"
+        ).format(table(schema)),
+        (slice_for(pid), pid),
+    )
+
+
+async def test_a_race_lost_inside_a_group_fails_only_that_append(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    # One statement at a time. The first append blocks on a row another transaction is
+    # inserting; two more wait and go together once it ends; that group blocks on a
+    # second such row, which then commits: the group fails on the primary key and each
+    # append runs alone: the one that lost the race gets ConcurrencyError, the other is stored.
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=1), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as first,
+        await psycopg.AsyncConnection.connect(pg_dsn) as second,
+    ):
+        await uncommitted(first, schema, "Acct|held")
+        await uncommitted(second, schema, "Acct|x")
+        held = asyncio.ensure_future(j.append("Acct|held", [{"a": 0}], expected_seq_nr=0))
+        await blocked_by(pg_dsn, first)
+        lost = asyncio.ensure_future(j.append("Acct|x", [{"a": 1}], expected_seq_nr=0))
+        kept = asyncio.ensure_future(j.append("Acct|y", [{"a": 2}, {"a": 3}], expected_seq_nr=0))
+        await asyncio.sleep(0.05)
+        assert not lost.done() and not kept.done()
+        await first.commit()
+        with pytest.raises(ConcurrencyError) as held_error:
+            await held
+        assert held_error.value.actual_seq_nr == 1
+        await blocked_by(pg_dsn, second)  # the group, blocked on Acct|x's row
+        assert not lost.done()
+        await second.commit()
+        with pytest.raises(ConcurrencyError) as lost_error:
+            await lost
+        assert lost_error.value.actual_seq_nr == 1
+        assert [e.seq_nr for e in await kept] == [1, 2]
+        assert await group_statement_prepared(j)
+    rows = await stored(pg_dsn, schema)
+    assert [(r[2], r[3], r[4]) for r in rows] == [
+        ("Acct|held", 1, "blocker"),
+        ("Acct|x", 1, "blocker"),
+        ("Acct|y", 1, settings.writer_id),
+        ("Acct|y", 2, settings.writer_id),
+    ]
+
+
+async def test_a_stale_append_in_a_group_stores_nothing_and_the_others_are_stored(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=1), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
+    ):
+        await j.append("Acct|s", [{"a": 1}, {"a": 2}], expected_seq_nr=0)
+        await uncommitted(blocker, schema, "Acct|held")
+        held = asyncio.ensure_future(j.append("Acct|held", [{"a": 0}], expected_seq_nr=0))
+        await blocked_by(pg_dsn, blocker)
+        stale = asyncio.ensure_future(j.append("Acct|s", [{"a": 3}], expected_seq_nr=1))
+        fresh = [
+            asyncio.ensure_future(j.append(f"Acct|n{i}", [{"a": i}], expected_seq_nr=0))
+            for i in range(5)
+        ]
+        await asyncio.sleep(0.05)
+        await blocker.rollback()  # the held append is stored, then the group runs
+        assert [e.seq_nr for e in await held] == [1]
+        with pytest.raises(ConcurrencyError) as error:
+            await stale
+        assert (error.value.expected_seq_nr, error.value.actual_seq_nr) == (1, 2)
+        assert [[e.seq_nr for e in await f] for f in fresh] == [[1]] * 5
+        assert await group_statement_prepared(j)
+    rows = await stored(pg_dsn, schema)
+    assert [(r[2], r[3]) for r in rows if r[2] == "Acct|s"] == [("Acct|s", 1), ("Acct|s", 2)]
+    assert sum(1 for r in rows if r[2].startswith("Acct|n")) == 5
+
+
+async def test_a_waiting_append_cancelled_before_its_group_is_never_stored(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=1), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
+    ):
+        await uncommitted(blocker, schema, "Acct|held")
+        held = asyncio.ensure_future(j.append("Acct|held", [{"a": 0}], expected_seq_nr=0))
+        await blocked_by(pg_dsn, blocker)
+        gone = asyncio.ensure_future(j.append("Acct|gone", [{"a": 1}], expected_seq_nr=0))
+        kept = asyncio.ensure_future(j.append("Acct|kept", [{"a": 2}], expected_seq_nr=0))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await blocker.rollback()
+        await held
+        await kept
+    rows = await stored(pg_dsn, schema)
+    assert sorted(r[2] for r in rows) == ["Acct|held", "Acct|kept"]
+
+
+async def test_racing_writers_in_two_processes_each_seq_nr_stored_once(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    # Two journals (as two processes would) race for the same ids with many concurrent
+    # appends each, so groups collide on the primary key. Every append either stored
+    # all its events at the seq_nrs it asked for or raised ConcurrencyError; what is
+    # stored is exactly the union of what succeeded, each seq_nr once.
+    ids = [f"Acct|r{i}" for i in range(6)]
+    grouped = attrs.evolve(settings, append_statements=1, pool_max_size=1)
+    async with (
+        Journal.connect(pg_dsn, grouped, create_schema=True) as one,
+        Journal.connect(pg_dsn, attrs.evolve(grouped, writer_id="other")) as two,
+    ):
+        succeeded: list[tuple[str, int, str]] = []
+        conflicts = 0
+
+        async def writer(journal: Journal, name: str, pid: str) -> None:
+            nonlocal conflicts
+            for _ in range(15):
+                expected = await journal.highest_seq_nr(pid)
+                events = [{"by": name, "n": k} for k in range(1 + expected % 3)]
+                try:
+                    appended = await journal.append(pid, events, expected_seq_nr=expected)
+                except ConcurrencyError:
+                    conflicts += 1
+                    continue
+                assert [e.seq_nr for e in appended] == list(
+                    range(expected + 1, expected + 1 + len(events))
+                )
+                succeeded.extend((pid, e.seq_nr, f"{name}:{e.event['n']}") for e in appended)
+
+        await asyncio.gather(
+            *(
+                writer(j, f"{n}{k}", pid)
+                for j, n in ((one, "a"), (two, "b"))
+                for pid in ids
+                for k in range(2)
+            )
+        )
+        assert await group_statement_prepared(one)
+    rows = await fetch(
+        pg_dsn,
+        sql.SQL("SELECT persistence_id, seq_nr, event_payload FROM {} ORDER BY 1, 2").format(
+            table(schema)
+        ),
+    )
+    assert conflicts > 0
+    stored_keys = [(r[0], r[1]) for r in rows]
+    assert stored_keys == sorted((pid, seq) for pid, seq, _ in succeeded)
+    for pid in ids:
+        seqs = [seq for p, seq in stored_keys if p == pid]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_sync_journal_groups_appends_of_threads(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    errors: list[BaseException] = []
+    with SyncJournal.connect(
+        pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=1), create_schema=True
+    ) as j:
+
+        def writer(i: int) -> None:
+            try:
+                for n in range(20):
+                    (e,) = j.append(f"Acct|t{i}", [{"n": n}], expected_seq_nr=n)
+                    assert e.seq_nr == n + 1
+            except BaseException as e:  # reported below, in the test's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        wire = j._writer._sql.append_group.wire
+        assert wire is not None
+        with j.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
+                (wire.name.decode(),),
+            ).fetchone()
+    assert errors == []
+    rows = asyncio.run(
+        fetch(
+            pg_dsn,
+            sql.SQL("SELECT persistence_id, seq_nr FROM {} ORDER BY 1, 2").format(table(schema)),
+        )
+    )
+    assert rows == [(f"Acct|t{i}", n) for i in range(8) for n in range(1, 21)]
+    assert row == (1,)  # the one write connection ran a group statement

@@ -1,0 +1,93 @@
+"""The group commit's decisions (`journal/append_groups.py`): who runs alone, who
+waits, and what goes together in the next statement."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from journal.append_groups import AppendGroups, Waiting, stored_in_group
+from journal.serialization import SerializerRegistry
+from journal.writer import prepare_append
+
+pytestmark = pytest.mark.timeout(10)
+
+REGISTRY = SerializerRegistry()
+
+
+def waiting(pid: str, events: int = 1) -> Waiting:
+    batch = prepare_append(REGISTRY, pid, [{"n": i} for i in range(events)], 0, (), None)
+    return Waiting(batch, threading.Event())
+
+
+def pids(group: list[Waiting]) -> list[str]:
+    return [w.batch.persistence_id for w in group]
+
+
+def test_appends_run_alone_up_to_the_limit_then_wait() -> None:
+    groups = AppendGroups(statements=2, max_events=100)
+    assert groups.try_run() and groups.try_run()
+    assert not groups.try_run()
+    assert groups.running == 2
+    a, b = waiting("A|a"), waiting("A|b")
+    assert not groups.queue(a) and not groups.queue(b)
+    # the first statement to end takes everything waiting as one group, in its place
+    assert groups.finish() == [a, b]
+    assert groups.running == 2 and a.taken and b.taken
+    assert groups.finish() == []
+    assert groups.running == 1
+    assert groups.finish() == []
+    assert groups.running == 0
+
+
+def test_a_statement_that_ended_meanwhile_lets_the_append_run_alone() -> None:
+    groups = AppendGroups(statements=1, max_events=100)
+    assert groups.try_run()
+    assert not groups.try_run()
+    assert groups.finish() == []  # ends between the caller's try_run and its queue
+    assert groups.queue(waiting("A|a"))  # runs alone: not queued
+    assert groups.running == 1
+    assert groups.finish() == []
+
+
+def test_one_append_per_id_in_a_group_and_the_rest_keeps_its_place() -> None:
+    groups = AppendGroups(statements=1, max_events=100)
+    assert groups.try_run()
+    first, second, other, third = waiting("A|x"), waiting("A|x"), waiting("A|y"), waiting("A|x")
+    for w in (first, second, other, third):
+        groups.queue(w)
+    assert groups.finish() == [first, other]
+    assert groups.finish() == [second]
+    assert groups.finish() == [third]
+    assert groups.finish() == []
+    assert groups.running == 0
+
+
+def test_a_group_holds_at_most_max_events_but_always_one_append() -> None:
+    groups = AppendGroups(statements=1, max_events=5)
+    assert groups.try_run()
+    big, a, b, c = waiting("A|big", 7), waiting("A|a", 2), waiting("A|b", 2), waiting("A|c", 2)
+    for w in (big, a, b, c):
+        groups.queue(w)
+    assert groups.finish() == [big]  # larger than a group, alone
+    assert pids(groups.finish()) == ["A|a", "A|b"]
+    assert pids(groups.finish()) == ["A|c"]
+
+
+def test_a_withdrawn_append_is_never_taken() -> None:
+    groups = AppendGroups(statements=1, max_events=100)
+    assert groups.try_run()
+    a, b = waiting("A|a"), waiting("A|b")
+    groups.queue(a)
+    groups.queue(b)
+    assert groups.withdraw(a)
+    assert groups.finish() == [b]
+    assert not groups.withdraw(b)  # taken: its group runs on without its caller
+
+
+def test_stored_in_group_maps_rows_to_appends() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert stored_in_group(3, [(3, at), (1, at)]) == [at, None, at]
+    assert stored_in_group(2, []) == [None, None]
