@@ -2,25 +2,33 @@
 
 Why: every append on the pool's own connections is one statement, one round
 trip and one commit. With many appends in flight in one process the client's
-CPU per statement and the server's per commit are the limit, not the rows
-(eight writers on two cores stayed at 0.5-0.7 of a bare `INSERT` with every
-append its own statement). Pekko's journals take a batch of `AtomicWrite`s in
-one call for the same reason, each with its own outcome.
+CPU per statement and the server's per commit are the limit, not the rows.
+Pekko's journals take a batch of `AtomicWrite`s in one call for the same
+reason, each with its own outcome.
 
 The rule (`AppendGroups`): at most `statements` append statements run at once
 on the journal's own connections. An append that arrives below that runs at
 once and alone, as before (no wait is added to a lone writer). One that arrives
-while that many run waits; when a statement ends, everything waiting (up to
-`max_events` events, one append per persistence id; the rest waits for the
-next) goes as one statement, `WriterSql.append_group`, in one transaction.
+while that many run waits; when a statement ends, what waits (up to
+`max_events` events and `max_bytes` of payload, one append per persistence id)
+goes as one statement, `WriterSql.append_group`, in one transaction. An append
+that has waited `ESCAPE_SECONDS` without being sent runs alone beyond the
+bound: the statements running may be blocked by a transaction that waits for
+that very append (a caller's own transaction, `conn=`, holding a row the
+others need), and the bound must not turn that into a deadlock the server
+cannot see.
 
 Each append in a group is still all or nothing, with its own outcome: one
 whose `expected_seq_nr` is not current stores nothing (its caller gets
-`ConcurrencyError`), the others are stored. Two writers racing for a seq_nr
-collide on the primary key, which fails the whole statement; the driver then
-runs each append of that group alone, so each gets the outcome it would have
-had alone. Two appends to one id never share a group: the second's
-`expected_seq_nr` usually names the first's last event.
+`ConcurrencyError`), the others are stored. When the server rolls the group
+back (two writers racing for a seq_nr collide on the primary key; a timeout; a
+value refused) the driver runs each append of that group alone, so each gets
+the outcome it would have had alone. Two appends to one id never share a
+group, and never pass each other: the second's `expected_seq_nr` usually names
+the first's last event.
+
+An append's life here: queued, taken into a group, sent. Its caller may give up
+(`withdraw`) until it is sent; a group sends only what is still wanted.
 
 This module is the decision only, with no I/O and no waiting: the drivers
 (`journal/aio/writer.py` and its sync twin) run the statements and wake the
@@ -33,11 +41,22 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from enum import Enum
+from typing import Any, Final
 
 import attrs
 
 from journal.writer import PreparedAppend
+
+# How long an append waits for a group before it runs alone, beyond the bound.
+ESCAPE_SECONDS: Final = 0.1
+
+
+class Stage(Enum):
+    QUEUED = "queued"
+    TAKEN = "taken"
+    SENT = "sent"
+    WITHDRAWN = "withdrawn"
 
 
 @attrs.define(eq=False)
@@ -49,8 +68,11 @@ class Waiting:
     done: Any
     stored_at: datetime | None = None
     error: BaseException | None = None
-    # Whether a group has taken it (it can no longer be withdrawn).
-    taken: bool = False
+    stage: Stage = Stage.QUEUED
+    payload_bytes: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.payload_bytes = sum(len(p.payload) for p in self.batch.payloads)
 
     def succeeded(self, stored_at: datetime | None) -> None:
         self.stored_at = stored_at
@@ -64,16 +86,17 @@ class Waiting:
 class AppendGroups:
     """How many append statements run, and what waits for the next one."""
 
-    def __init__(self, statements: int, max_events: int) -> None:
+    def __init__(self, statements: int, max_events: int, max_bytes: int) -> None:
         self._statements = statements
         self._max_events = max_events
+        self._max_bytes = max_bytes
         self._running = 0
         self._waiting: deque[Waiting] = deque()
         self._lock = threading.Lock()
 
     @property
     def running(self) -> int:
-        """The append statements running now."""
+        """The append statements running now (escaped appends not counted)."""
         return self._running
 
     def try_run(self) -> bool:
@@ -105,32 +128,49 @@ class AppendGroups:
             return group
 
     def withdraw(self, waiting: Waiting) -> bool:
-        """Take a waiting append out of the queue (its caller gave up); False if a group
-        has already taken it."""
+        """Its caller gives up on an append (cancelled, or it runs alone instead): True
+        if it will not be sent; False if it has been sent already."""
         with self._lock:
-            if waiting.taken:
+            if waiting.stage is Stage.SENT:
                 return False
-            self._waiting.remove(waiting)
+            if waiting.stage is Stage.QUEUED:
+                self._waiting.remove(waiting)
+            waiting.stage = Stage.WITHDRAWN
             return True
+
+    def send(self, group: Sequence[Waiting]) -> list[Waiting]:
+        """The appends of a group still wanted, now sent (no longer withdrawable); called
+        just before their statement goes to the server."""
+        with self._lock:
+            sent = [w for w in group if w.stage is Stage.TAKEN]
+            for waiting in sent:
+                waiting.stage = Stage.SENT
+            return sent
 
     def _take(self) -> list[Waiting]:
         group: list[Waiting] = []
         ids: set[str] = set()
-        events = 0
+        events = size = 0
         passed: list[Waiting] = []
         queue = self._waiting
         while queue:
             waiting = queue.popleft()
-            batch = waiting.batch
-            count = len(batch.payloads)
-            if batch.persistence_id in ids or (group and events + count > self._max_events):
+            pid = waiting.batch.persistence_id
+            count = len(waiting.batch.payloads)
+            fits = not group or (
+                events + count <= self._max_events
+                and size + waiting.payload_bytes <= self._max_bytes
+            )
+            if pid in ids or not fits:
+                ids.add(pid)  # a later append of this id must not pass this one
                 passed.append(waiting)
                 continue
-            ids.add(batch.persistence_id)
+            ids.add(pid)
             events += count
-            waiting.taken = True
+            size += waiting.payload_bytes
+            waiting.stage = Stage.TAKEN
             group.append(waiting)
-        queue.extendleft(reversed(passed))  # what did not fit keeps its place
+        queue.extendleft(reversed(passed))  # what did not go keeps its place
         return group
 
 

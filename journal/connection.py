@@ -229,25 +229,30 @@ def driver_errors() -> Iterator[None]:
         yield
     except JournalError:
         raise
-    except PoolClosed as e:  # an OperationalError, but nothing was lost: nothing was sent
+    except psycopg.Error as e:
+        raise journal_error(e) from e
+
+
+def journal_error(e: psycopg.Error) -> JournalError:
+    """The `JournalError` a psycopg error escapes a public call as (`driver_errors`)."""
+    if isinstance(e, PoolClosed):  # an OperationalError, but nothing was lost: nothing was sent
         state = "not open yet" if "not open yet" in str(e) else "closed"
-        raise JournalClosed(
+        return JournalClosed(
             f"the journal is {state}: nothing was sent to the database ({one_line(e)}); "
             "use it between `open()` (or `Journal.connect`) and `close()`"
-        ) from e
-    except PoolTimeout as e:
-        raise PoolExhausted(f"no pooled connection became free in time: {one_line(e)}") from e
-    except psycopg.errors.QueryCanceled as e:
-        raise QueryCancelled(f"the server cancelled the statement: {one_line(e)}") from e
-    except psycopg.errors.LockNotAvailable as e:  # an OperationalError, but not a lost one
-        raise LockTimeout(
+        )
+    if isinstance(e, PoolTimeout):
+        return PoolExhausted(f"no pooled connection became free in time: {one_line(e)}")
+    if isinstance(e, psycopg.errors.QueryCanceled):
+        return QueryCancelled(f"the server cancelled the statement: {one_line(e)}")
+    if isinstance(e, psycopg.errors.LockNotAvailable):  # an OperationalError, not a lost one
+        return LockTimeout(
             f"a lock held by another transaction was not granted in time: {one_line(e)}; "
             "retry once that transaction has ended"
-        ) from e
-    except psycopg.OperationalError as e:
-        raise ConnectionLost(f"the connection to PostgreSQL was lost: {one_line(e)}") from e
-    except psycopg.Error as e:
-        raise DatabaseError(f"the database refused the call: {one_line(e)}") from e
+        )
+    if isinstance(e, psycopg.OperationalError):
+        return ConnectionLost(f"the connection to PostgreSQL was lost: {one_line(e)}")
+    return DatabaseError(f"the database refused the call: {one_line(e)}")
 
 
 P = ParamSpec("P")

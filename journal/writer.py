@@ -50,8 +50,10 @@ from journal.wire import (
 )
 
 MAX_TAG_LENGTH = 255
-# The most events one group statement stores (`journal/append_groups.py`).
+# The most events, and payload bytes, one group statement stores (an append larger
+# than that goes alone; `journal/append_groups.py`).
 MAX_GROUP_EVENTS = 1000
+MAX_GROUP_BYTES = 16 * 1024 * 1024
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ the process's telemetry (`journal/telemetry.py`) when one is installed.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -20,8 +21,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from journal.aio import flavour, prepared
 from journal.aio.notifications import Notifier, send_notification
-from journal.append_groups import AppendGroups, Waiting, stored_in_group
-from journal.errors import ConcurrencyError
+from journal.append_groups import ESCAPE_SECONDS, AppendGroups, Waiting, stored_in_group
+from journal.connection import journal_error
+from journal.errors import ConcurrencyError, JournalError
 from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
 from journal.serialization import SerializerRegistry
@@ -35,6 +37,7 @@ from journal.telemetry import (
 )
 from journal.wire import Positional
 from journal.writer import (
+    MAX_GROUP_BYTES,
     MAX_GROUP_EVENTS,
     PreparedAppend,
     WriterSql,
@@ -64,10 +67,14 @@ class EventWriter:
         self._sql = WriterSql.of(tables)
         # Group commit of the pool's appends (`journal/append_groups.py`); None: each its own.
         self._groups = (
-            None if append_statements is None else AppendGroups(append_statements, MAX_GROUP_EVENTS)
+            None
+            if append_statements is None
+            else AppendGroups(append_statements, MAX_GROUP_EVENTS, MAX_GROUP_BYTES)
         )
-        # The tasks running groups; kept so that they are not collected while they run.
+        # The tasks (threads) running groups, for `close` to wait for; asyncio also
+        # keeps only a weak reference to a task.
         self._group_tasks: set[flavour.Task[None]] = set()
+        self._tasks_lock = threading.Lock()
 
     async def append(
         self, batch: PreparedAppend, conn: AsyncConnection[Any] | None = None
@@ -131,7 +138,10 @@ class EventWriter:
         if groups is not None and not groups.try_run():
             waiting = Waiting(batch, flavour.Event())
             if not groups.queue(waiting):
-                return await self._in_group(groups, waiting)
+                stored_at = await self._in_group(groups, waiting)
+                if stored_at is not None:
+                    return stored_at
+                return await self._alone(batch, statement, values)  # not sent in time: alone
         try:
             return await self._alone(batch, statement, values)
         finally:
@@ -150,17 +160,25 @@ class EventWriter:
                 raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         return stored_at
 
-    async def _in_group(self, groups: AppendGroups, waiting: Waiting) -> datetime:
+    async def _in_group(self, groups: AppendGroups, waiting: Waiting) -> datetime | None:
+        """The stored timestamp of a waiting append once its group ran; None if it was
+        not sent within `ESCAPE_SECONDS` and is to run alone instead."""
         try:
-            await waiting.done.wait()
-        except flavour.CancelledError:
-            # Still queued: it is never written. Taken: its group runs on without it.
+            if not await flavour.wait_event(waiting.done, ESCAPE_SECONDS):
+                if groups.withdraw(waiting):
+                    return None
+                await waiting.done.wait()  # sent: its outcome comes
+        except BaseException:
+            # Not sent yet: it never will be. Sent: its group runs on, as a statement
+            # whose caller went away would.
             groups.withdraw(waiting)
             raise
-        if waiting.error is not None:
-            raise waiting.error
+        error = waiting.error
+        if error is not None:
+            # Every caller of a failed group gets its own exception.
+            raise group_error(error) from error
+        batch = waiting.batch
         if waiting.stored_at is None:
-            batch = waiting.batch
             actual = await self.highest_seq_nr(batch.persistence_id)
             raise ConcurrencyError(batch.persistence_id, batch.expected_seq_nr, actual)
         return waiting.stored_at
@@ -168,18 +186,23 @@ class EventWriter:
     def _run_next_groups(self, groups: AppendGroups) -> None:
         """A statement ended: start what waited for it as a group, in a task of its own
         (no caller's cancellation stops a statement that others wait for)."""
-        group = groups.finish()
-        if group:
-            tasks = {task for task in self._group_tasks if not task.done()}
-            tasks.add(
-                flavour.spawn(self._run_groups, groups, group, name="slicejournal-append-group")
-            )
-            self._group_tasks = tasks
+        while group := groups.finish():
+            try:
+                task = flavour.spawn(
+                    self._run_groups, groups, group, name="slicejournal-append-group"
+                )
+            except Exception as e:  # no task (no thread) to run it: it fails, the next tries
+                for waiting in group:
+                    waiting.failed(e)
+                continue
+            with self._tasks_lock:
+                self._group_tasks = {t for t in self._group_tasks if not t.done()} | {task}
+            return
 
     async def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
         while group:
             try:
-                await self._run_group(group)
+                await self._run_group(groups, group)
             except BaseException as e:  # cancelled: its callers must not wait forever
                 for waiting in group:
                     if not waiting.done.is_set():
@@ -188,38 +211,48 @@ class EventWriter:
                 raise
             group = groups.finish()
 
-    async def _run_group(self, group: list[Waiting]) -> None:
+    async def _run_group(self, groups: AppendGroups, group: list[Waiting]) -> None:
         """Store a group's appends in one statement; each waiting caller gets its outcome."""
-        if len(group) > 1:
-            values = self._sql.group_call([w.batch for w in group], self._writer_id)
-            try:
-                async with self._pool.connection() as own:
+        async with self._pool.connection() as own:
+            sent = groups.send(group)
+            if len(sent) > 1:
+                values = self._sql.group_call([w.batch for w in sent], self._writer_id)
+                try:
                     rows = await prepared.rows(own, self._sql.append_group, values)
-            except _RUN_ALONE:
-                rows = None  # rolled back: each append alone says which one failed, and why
-            except Exception as e:
-                for waiting in group:
-                    waiting.failed(e)
-                return
-            if rows is not None:
-                for waiting, stored_at in zip(
-                    group, stored_in_group(len(group), rows), strict=True
-                ):
-                    waiting.succeeded(stored_at)
-                return
-        for waiting in group:
-            statement, values = self._sql.append_call(waiting.batch, self._writer_id)
-            try:
-                async with self._pool.connection() as own:
+                except psycopg.Error as e:
+                    if not rolled_back(e, own):
+                        for waiting in sent:
+                            waiting.failed(e)
+                        return
+                    rows = None  # each append alone says which one failed, and why
+                if rows is not None:
+                    for waiting, stored_at in zip(
+                        sent, stored_in_group(len(sent), rows), strict=True
+                    ):
+                        waiting.succeeded(stored_at)
+                    return
+            for waiting in sent:
+                statement, values = self._sql.append_call(waiting.batch, self._writer_id)
+                try:
                     stored_at = await self._insert(own, statement, values, own=True)
-            except Exception as e:
-                waiting.failed(e)
-            else:
-                waiting.succeeded(stored_at)
+                except Exception as e:
+                    waiting.failed(e)
+                    if own.closed or own.broken:
+                        for rest in sent:
+                            if not rest.done.is_set():
+                                rest.failed(e)
+                        return
+                else:
+                    waiting.succeeded(stored_at)
 
     async def close(self) -> None:
-        """Wait for the groups that run (their callers wait for them)."""
-        await flavour.gather(list(self._group_tasks))
+        """Wait until no group runs (their callers wait for them)."""
+        while True:
+            with self._tasks_lock:
+                running = [t for t in self._group_tasks if not t.done()]
+            if not running:
+                return
+            await flavour.gather(running)
 
     async def _insert(
         self, conn: AsyncConnection[Any], statement: Positional, values: list[Any], *, own: bool
@@ -266,15 +299,29 @@ class EventWriter:
             return target
 
 
-# A group statement's errors after which each of its appends runs alone: the server
-# rolled the group back for what one of them holds (a seq_nr another writer took,
-# a deadlock between such races, a value it refused), and alone each gets its own.
-_RUN_ALONE = (
-    psycopg.IntegrityError,
-    psycopg.DataError,
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-)
+def rolled_back(error: psycopg.Error, conn: AsyncConnection[Any]) -> bool:
+    """Whether a failed group statement certainly stored nothing, so that each of its
+    appends may run again alone: the server answered with an error (a seq_nr another
+    writer took, a deadlock between such races, a timeout, a value it refused) and the
+    session is still there. Not after a lost connection or a server shutting down: the
+    commit may have happened."""
+    state = error.sqlstate
+    return (
+        state is not None
+        and not state.startswith(("08", "57P"))
+        and not (conn.closed or conn.broken)
+    )
+
+
+def group_error(error: BaseException) -> JournalError:
+    """One caller's exception for the group its append was in, which failed with
+    `error` (each caller raises its own, `error` as the cause)."""
+    if isinstance(error, psycopg.Error):
+        return journal_error(error)
+    return JournalError(
+        f"the group carrying this append failed ({type(error).__name__}: {error}); "
+        "it may or may not be stored"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
@@ -20,6 +21,9 @@ import pytest
 from psycopg import sql
 
 from journal import ConcurrencyError, Journal, JournalSettings, SyncJournal, slice_for
+from journal.aio import writer as aio_writer
+from journal.append_groups import ESCAPE_SECONDS
+from journal.sync import writer as sync_writer
 from tests.support.pg import Row, drop_test_schema, fetch, fresh_schema_name
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,6 +80,14 @@ async def group_statement_prepared(journal: Journal) -> bool:
     return bool(row and row[0])
 
 
+@pytest.fixture(autouse=True)
+def patient_appends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting appends wait for their group however slow this machine is (they run alone
+    after `ESCAPE_SECONDS`, which the tests that count groups must not depend on)."""
+    monkeypatch.setattr(aio_writer, "ESCAPE_SECONDS", 30.0)
+    monkeypatch.setattr(sync_writer, "ESCAPE_SECONDS", 30.0)
+
+
 @pytest.fixture
 def two_schemas(pg_dsn: str) -> Iterator[tuple[str, str]]:
     names = (fresh_schema_name(), fresh_schema_name())
@@ -84,8 +96,10 @@ def two_schemas(pg_dsn: str) -> Iterator[tuple[str, str]]:
         drop_test_schema(pg_dsn, name)
 
 
-async def append_rounds(journal: Journal) -> None:
+async def append_rounds(journal: Journal) -> dict[tuple[str, int], datetime]:
+    """Append each round's batches concurrently; the returned timestamp of every event."""
     highest: dict[str, int] = {}
+    returned: dict[tuple[str, int], datetime] = {}
     for appends in ROUNDS:
         results = await asyncio.gather(
             *(
@@ -102,7 +116,20 @@ async def append_rounds(journal: Journal) -> None:
             )
             assert [e.event for e in appended] == events
             assert len({e.db_timestamp for e in appended}) == 1
+            returned.update(((e.persistence_id, e.seq_nr), e.db_timestamp) for e in appended)
             highest[pid] = expected + len(events)
+    return returned
+
+
+async def transactions(pg_dsn: str, schema: str) -> dict[tuple[str, int], tuple[str, datetime]]:
+    """Each stored event's transaction (xmin) and db_timestamp."""
+    rows = await fetch(
+        pg_dsn,
+        sql.SQL("SELECT persistence_id, seq_nr, xmin::text, db_timestamp FROM {}").format(
+            table(schema)
+        ),
+    )
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 async def test_a_group_stores_what_the_same_appends_store_alone(
@@ -113,7 +140,7 @@ async def test_a_group_stores_what_the_same_appends_store_alone(
     async with Journal.connect(
         pg_dsn, JournalSettings(schema=grouped, append_statements=1, **common), create_schema=True
     ) as j:
-        await append_rounds(j)
+        returned = await append_rounds(j)
         assert await group_statement_prepared(j)
         read = [e async for e in j.current_events_by_persistence_id("Acct|b")]
     async with Journal.connect(
@@ -127,18 +154,98 @@ async def test_a_group_stores_what_the_same_appends_store_alone(
     assert [e.event for e in read] == [{"n": i} for i in range(4)]
     assert [e.tags for e in read] == [('q"u\\o', "t,1", "{x}", "é ✓")] * 3 + [()]
     assert [e.metadata for e in read] == [{"m": [1]}] * 3 + ["m2"]
+    # Each round's first append ran alone, the rest waited and went as one group: one
+    # transaction, so one xmin, for them all. Every returned timestamp is the stored one.
+    grouped_rows = await transactions(pg_dsn, grouped)
+    assert {key: at for key, (_, at) in grouped_rows.items()} == returned
+    highest: dict[str, int] = {}
+    for appends in ROUNDS:
+        keys = set()
+        for pid, events, *_ in appends:
+            keys.update((pid, highest.get(pid, 0) + k) for k in range(1, len(events) + 1))
+            highest[pid] = highest.get(pid, 0) + len(events)
+        assert len({grouped_rows[key][0] for key in keys}) == 2
+    alone_rows = await transactions(pg_dsn, alone)
+    assert len({xmin for xmin, _ in alone_rows.values()}) == sum(len(r) for r in ROUNDS)
 
 
-async def blocked_by(pg_dsn: str, blocker: psycopg.AsyncConnection[Any]) -> None:
-    """Until a statement waits for a lock `blocker` holds (an append blocked on a row
-    that `blocker`'s open transaction is inserting)."""
+async def test_a_group_keeps_each_ids_timestamps_increasing(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    # A previous row stamped ahead of the clock (another writer's clock, or a row
+    # written before the server's clock stepped back): the next event is 1 µs after it.
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=1), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
+    ):
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
+                    "writer, event_ser_id, event_ser_manifest, event_payload, deleted) "
+                    "VALUES (%s, 'Acct', %s, 1, %s, 'w', 0, '', '\\x'::bytea, false)"
+                ).format(table(schema)),
+                (slice_for("Acct|ahead"), "Acct|ahead", ahead),
+            )
+        await uncommitted(blocker, schema, "Acct|held")
+        held = asyncio.ensure_future(j.append("Acct|held", [{"a": 0}], expected_seq_nr=0))
+        await blocked_by(pg_dsn, blocker)
+        late = asyncio.ensure_future(j.append("Acct|ahead", [{"a": 2}], expected_seq_nr=1))
+        now = asyncio.ensure_future(j.append("Acct|now", [{"a": 3}], expected_seq_nr=0))
+        await asyncio.sleep(0.05)
+        await blocker.rollback()
+        await held
+        (after,) = await late
+        (other,) = await now
+    assert after.db_timestamp == ahead + timedelta(microseconds=1)
+    assert other.db_timestamp < ahead
+    stamps = await transactions(pg_dsn, schema)
+    assert stamps[("Acct|ahead", 2)][0] == stamps[("Acct|now", 1)][0]  # one group
+
+
+async def test_an_append_does_not_wait_for_statements_its_own_transaction_blocks(
+    pg_dsn: str, settings: JournalSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller appends in its own transaction (`conn=`); two appends of the same id on
+    # the pool block on its uncommitted row and fill both statements; the caller then
+    # appends another id on the pool before committing. Waiting for a statement to end
+    # would wait for the caller itself: the append runs alone instead.
+    monkeypatch.setattr(aio_writer, "ESCAPE_SECONDS", ESCAPE_SECONDS)
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=2), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as mine,
+    ):
+        await j.append("Acct|x", [{"a": 1}], expected_seq_nr=0, conn=mine)
+        racers = [
+            asyncio.ensure_future(j.append("Acct|x", [{"b": i}], expected_seq_nr=0))
+            for i in range(2)
+        ]
+        await blocked_by(pg_dsn, mine, count=2)
+        (other,) = await asyncio.wait_for(
+            j.append("Acct|other", [{"c": 1}], expected_seq_nr=0), timeout=10
+        )
+        assert other.seq_nr == 1
+        await mine.commit()
+        for racer in racers:
+            with pytest.raises(ConcurrencyError):
+                await racer
+
+
+async def blocked_by(pg_dsn: str, blocker: psycopg.AsyncConnection[Any], *, count: int = 1) -> None:
+    """Until `count` statements wait for a lock `blocker` holds (appends blocked on a
+    row that `blocker`'s open transaction is inserting)."""
     for _ in range(500):
         rows = await fetch(
             pg_dsn,
             "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
             (blocker.info.backend_pid,),
         )
-        if rows[0][0]:
+        if rows[0][0] >= count:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("no statement waited for the blocking transaction")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from journal.append_groups import AppendGroups, Waiting, stored_in_group
+from journal.append_groups import AppendGroups, Stage, Waiting, stored_in_group
 from journal.serialization import SerializerRegistry
 from journal.writer import prepare_append
 
@@ -27,7 +27,7 @@ def pids(group: list[Waiting]) -> list[str]:
 
 
 def test_appends_run_alone_up_to_the_limit_then_wait() -> None:
-    groups = AppendGroups(statements=2, max_events=100)
+    groups = AppendGroups(statements=2, max_events=100, max_bytes=10**6)
     assert groups.try_run() and groups.try_run()
     assert not groups.try_run()
     assert groups.running == 2
@@ -35,7 +35,7 @@ def test_appends_run_alone_up_to_the_limit_then_wait() -> None:
     assert not groups.queue(a) and not groups.queue(b)
     # the first statement to end takes everything waiting as one group, in its place
     assert groups.finish() == [a, b]
-    assert groups.running == 2 and a.taken and b.taken
+    assert groups.running == 2 and a.stage is b.stage is Stage.TAKEN
     assert groups.finish() == []
     assert groups.running == 1
     assert groups.finish() == []
@@ -43,7 +43,7 @@ def test_appends_run_alone_up_to_the_limit_then_wait() -> None:
 
 
 def test_a_statement_that_ended_meanwhile_lets_the_append_run_alone() -> None:
-    groups = AppendGroups(statements=1, max_events=100)
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
     assert groups.try_run()
     assert not groups.try_run()
     assert groups.finish() == []  # ends between the caller's try_run and its queue
@@ -53,7 +53,7 @@ def test_a_statement_that_ended_meanwhile_lets_the_append_run_alone() -> None:
 
 
 def test_one_append_per_id_in_a_group_and_the_rest_keeps_its_place() -> None:
-    groups = AppendGroups(statements=1, max_events=100)
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
     assert groups.try_run()
     first, second, other, third = waiting("A|x"), waiting("A|x"), waiting("A|y"), waiting("A|x")
     for w in (first, second, other, third):
@@ -66,7 +66,7 @@ def test_one_append_per_id_in_a_group_and_the_rest_keeps_its_place() -> None:
 
 
 def test_a_group_holds_at_most_max_events_but_always_one_append() -> None:
-    groups = AppendGroups(statements=1, max_events=5)
+    groups = AppendGroups(statements=1, max_events=5, max_bytes=10**6)
     assert groups.try_run()
     big, a, b, c = waiting("A|big", 7), waiting("A|a", 2), waiting("A|b", 2), waiting("A|c", 2)
     for w in (big, a, b, c):
@@ -76,15 +76,42 @@ def test_a_group_holds_at_most_max_events_but_always_one_append() -> None:
     assert pids(groups.finish()) == ["A|c"]
 
 
-def test_a_withdrawn_append_is_never_taken() -> None:
-    groups = AppendGroups(statements=1, max_events=100)
+def test_an_append_can_be_withdrawn_until_it_is_sent() -> None:
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
     assert groups.try_run()
-    a, b = waiting("A|a"), waiting("A|b")
-    groups.queue(a)
-    groups.queue(b)
-    assert groups.withdraw(a)
-    assert groups.finish() == [b]
-    assert not groups.withdraw(b)  # taken: its group runs on without its caller
+    a, b, c = waiting("A|a"), waiting("A|b"), waiting("A|c")
+    for w in (a, b, c):
+        groups.queue(w)
+    assert groups.withdraw(a)  # queued: it leaves the queue
+    group = groups.finish()
+    assert group == [b, c]
+    assert groups.withdraw(b)  # taken, not sent: the group goes without it
+    assert groups.send(group) == [c]
+    assert not groups.withdraw(c)  # sent: its outcome comes
+    assert (a.stage, b.stage, c.stage) == (Stage.WITHDRAWN, Stage.WITHDRAWN, Stage.SENT)
+    assert groups.finish() == []
+
+
+def test_an_append_passed_over_for_size_is_not_passed_by_a_later_one_of_its_id() -> None:
+    groups = AppendGroups(statements=1, max_events=5, max_bytes=10**6)
+    assert groups.try_run()
+    a, x_first, x_second = waiting("A|a", 4), waiting("A|x", 3), waiting("A|x", 1)
+    for w in (a, x_first, x_second):
+        groups.queue(w)
+    assert groups.finish() == [a]
+    assert groups.finish() == [x_first]
+    assert groups.finish() == [x_second]
+
+
+def test_a_group_holds_at_most_max_bytes_of_payload() -> None:
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=20)
+    assert groups.try_run()
+    ws = [waiting(f"A|{i}") for i in range(6)]  # 7 bytes of JSON each: {"n":0}
+    assert {w.payload_bytes for w in ws} == {7}
+    for w in ws:
+        groups.queue(w)
+    assert groups.finish() == ws[0:2]
+    assert groups.finish() == ws[2:4]
 
 
 def test_stored_in_group_maps_rows_to_appends() -> None:
