@@ -21,11 +21,15 @@ cannot see.
 Each append in a group is still all or nothing, with its own outcome: one
 whose `expected_seq_nr` is not current stores nothing (its caller gets
 `ConcurrencyError`), the others are stored. When the server rolls the group
-back (two writers racing for a seq_nr collide on the primary key; a timeout; a
-value refused) the driver runs each append of that group alone, so each gets
-the outcome it would have had alone. Two appends to one id never share a
-group, and never pass each other: the second's `expected_seq_nr` usually names
-the first's last event.
+back (two writers racing for a seq_nr collide on the primary key; a row lock
+not granted within the group's `lock_timeout`; a value refused) each caller
+runs its append alone, concurrently, so each gets the outcome it would have
+had alone, and none waits behind another's lock. The lock timeout matters: a
+group waiting for a row that a caller's own open transaction inserted would
+otherwise wait for a caller that waits for the group. Two appends to one id
+never share a group, and a later one never goes in a group ahead of an earlier
+one still waiting: the second's `expected_seq_nr` usually names the first's
+last event.
 
 An append's life here: queued, taken into a group, sent. Its caller may give up
 (`withdraw`) until it is sent; a group sends only what is still wanted.
@@ -69,6 +73,9 @@ class Waiting:
     stored_at: datetime | None = None
     error: BaseException | None = None
     stage: Stage = Stage.QUEUED
+    # The outcome "run it alone": its group was not sent or rolled back, and the
+    # caller runs it on its own connection, as an append without a group would.
+    alone: bool = False
     payload_bytes: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -80,6 +87,10 @@ class Waiting:
 
     def failed(self, error: BaseException) -> None:
         self.error = error
+        self.done.set()
+
+    def run_alone(self) -> None:
+        self.alone = True
         self.done.set()
 
 

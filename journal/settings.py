@@ -174,14 +174,6 @@ class JournalSettings:
     pool_min_size: int = attrs.field(default=1, validator=_positive_int)
     pool_max_size: int = attrs.field(default=10, validator=_positive_int)
     writer_id: str = attrs.field(factory=_default_writer)
-    # Group commit: at most this many appends run at once on the journal's own
-    # connections, each its own statement; appends that arrive while they run wait, and
-    # each time one ends, those waiting go together as one statement and transaction
-    # (each append still all or nothing, with its own outcome; one append per
-    # persistence id in a group). A lone writer waits for nothing. None: every append is
-    # its own statement, up to `pool_max_size` at once. Appends in a caller's
-    # transaction (`conn=`) are never grouped.
-    append_statements: int | None = attrs.field(default=2, validator=_optional_positive_int)
     # Send a NOTIFY hint after each committed append (coalesced; see journal/notifications.py).
     notify: bool = True
     # Page size of current_persistence_ids and events_by_persistence_id.
@@ -199,6 +191,14 @@ class JournalSettings:
     migration_lock_timeout: timedelta = attrs.field(
         default=timedelta(seconds=5), converter=to_timedelta, validator=positive
     )
+    # Group commit: at most this many appends run at once on the journal's own
+    # connections, each its own statement; appends that arrive while they run wait, and
+    # each time one ends, those waiting go together as one statement and transaction
+    # (each append still all or nothing, with its own outcome; one append per
+    # persistence id in a group). A lone writer waits for nothing. None: every append is
+    # its own statement, up to `pool_max_size` at once. Appends in a caller's
+    # transaction (`conn=`) are never grouped.
+    append_statements: int | None = attrs.field(default=2, validator=_optional_positive_int)
 
     @property
     def migration_lock_timeout_ms(self) -> int:

@@ -54,6 +54,9 @@ MAX_TAG_LENGTH = 255
 # than that goes alone; `journal/append_groups.py`).
 MAX_GROUP_EVENTS = 1000
 MAX_GROUP_BYTES = 16 * 1024 * 1024
+# How long a group statement waits for a row lock (another transaction inserting one
+# of its seq_nrs) before it gives up and its appends run alone.
+GROUP_LOCK_TIMEOUT = "100ms"
 
 
 @attrs.frozen
@@ -227,10 +230,14 @@ _RETURNS = (INT4, TIMESTAMPTZ)
 # with the single append's timestamp rule. Tags travel as one array sliced per append
 # (arrays of arrays must be rectangular). The result: one row (n, db_timestamp) per
 # stored append. Two writers racing for a seq_nr still collide on the primary key,
-# which fails the whole statement; the driver then runs each append alone.
+# which fails the whole statement; so does a row lock not granted within
+# `GROUP_LOCK_TIMEOUT` (set for this statement's own transaction only); each
+# append then runs alone. Rows go in id order, so that two processes' groups over
+# the same ids take their locks in one order.
 _GROUP = sql.SQL(
     """WITH p AS (
-      SELECT %(pids)b::text[] AS pids, %(slices)b::int[] AS slices,
+      SELECT set_config('lock_timeout', {lock_timeout}, true) AS lock_timeout,
+        %(pids)b::text[] AS pids, %(slices)b::int[] AS slices,
         %(entity_types)b::text[] AS entity_types, %(expected)b::bigint[] AS expected,
         %(tag_from)b::int[] AS tag_from, %(tag_to)b::int[] AS tag_to,
         %(meta_ser_ids)b::int[] AS meta_ser_ids, %(meta_manifests)b::text[] AS meta_manifests,
@@ -269,6 +276,7 @@ _GROUP = sql.SQL(
       FROM p, unnest(p.event_of, p.event_k, p.ser_ids, p.manifests, p.payloads)
         AS e(n, k, ser_id, manifest, payload)
       JOIN ok ON ok.n = e.n
+      ORDER BY ok.pid, e.k
     )
     SELECT ok.n::int, ok.ts FROM ok"""
 )
@@ -345,7 +353,9 @@ class WriterSql:
                 for count in range(2, MAX_VALUES_EVENTS + 1)
             ),
             append_group=Positional.of(
-                _GROUP.format(journal=journal), _GROUP_TYPES, (INT4, TIMESTAMPTZ)
+                _GROUP.format(journal=journal, lock_timeout=sql.Literal(GROUP_LOCK_TIMEOUT)),
+                _GROUP_TYPES,
+                (INT4, TIMESTAMPTZ),
             ),
             highest=sql.SQL(
                 "SELECT COALESCE(MAX(seq_nr), 0) FROM {journal} WHERE persistence_id = %s"

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from journal.append_groups import ESCAPE_SECONDS, AppendGroups, Waiting, stored_in_group
+from journal.append_groups import ESCAPE_SECONDS, AppendGroups, Stage, Waiting, stored_in_group
 from journal.connection import journal_error
 from journal.errors import ConcurrencyError, JournalError
 from journal.model import EventEnvelope
@@ -159,8 +159,8 @@ class EventWriter:
         return stored_at
 
     def _in_group(self, groups: AppendGroups, waiting: Waiting) -> datetime | None:
-        """The stored timestamp of a waiting append once its group ran; None if it was
-        not sent within `ESCAPE_SECONDS` and is to run alone instead."""
+        """The stored timestamp of a waiting append once its group ran; None if it is to
+        run alone instead: not sent within `ESCAPE_SECONDS`, or its group rolled back."""
         try:
             if not flavour.wait_event(waiting.done, ESCAPE_SECONDS):
                 if groups.withdraw(waiting):
@@ -171,6 +171,8 @@ class EventWriter:
             # whose caller went away would.
             groups.withdraw(waiting)
             raise
+        if waiting.alone:
+            return None  # its group was rolled back, or never sent
         error = waiting.error
         if error is not None:
             # Every caller of a failed group gets its own exception.
@@ -189,9 +191,9 @@ class EventWriter:
                 task = flavour.spawn(
                     self._run_groups, groups, group, name="slicejournal-append-group"
                 )
-            except Exception as e:  # no task (no thread) to run it: it fails, the next tries
+            except Exception:  # no task (no thread) to run it: its callers run theirs alone
                 for waiting in group:
-                    waiting.failed(e)
+                    waiting.run_alone()
                 continue
             with self._tasks_lock:
                 self._group_tasks = {t for t in self._group_tasks if not t.done()} | {task}
@@ -201,11 +203,17 @@ class EventWriter:
         while group:
             try:
                 self._run_group(groups, group)
-            except BaseException as e:  # cancelled: its callers must not wait forever
+            except BaseException as e:
                 for waiting in group:
-                    if not waiting.done.is_set():
+                    if waiting.done.is_set():
+                        continue
+                    if waiting.stage is Stage.SENT:
                         waiting.failed(e)
+                    else:
+                        waiting.run_alone()  # nothing of it was sent
                 self._run_next_groups(groups)  # what waits runs in a task of its own
+                if isinstance(e, Exception):
+                    return  # its callers have it; a task's own error would only be logged
                 raise
             group = groups.finish()
 
@@ -213,35 +221,36 @@ class EventWriter:
         """Store a group's appends in one statement; each waiting caller gets its outcome."""
         with self._pool.connection() as own:
             sent = groups.send(group)
-            if len(sent) > 1:
-                values = self._sql.group_call([w.batch for w in sent], self._writer_id)
-                try:
-                    rows = prepared.rows(own, self._sql.append_group, values)
-                except psycopg.Error as e:
-                    if not rolled_back(e, own):
-                        for waiting in sent:
-                            waiting.failed(e)
-                        return
-                    rows = None  # each append alone says which one failed, and why
-                if rows is not None:
-                    for waiting, stored_at in zip(
-                        sent, stored_in_group(len(sent), rows), strict=True
-                    ):
-                        waiting.succeeded(stored_at)
-                    return
-            for waiting in sent:
+            if len(sent) == 1:
+                (waiting,) = sent
                 statement, values = self._sql.append_call(waiting.batch, self._writer_id)
                 try:
                     stored_at = self._insert(own, statement, values, own=True)
                 except Exception as e:
                     waiting.failed(e)
-                    if own.closed or own.broken:
-                        for rest in sent:
-                            if not rest.done.is_set():
-                                rest.failed(e)
-                        return
                 else:
                     waiting.succeeded(stored_at)
+                return
+            if not sent:
+                return
+            values = self._sql.group_call([w.batch for w in sent], self._writer_id)
+            try:
+                rows = prepared.rows(own, self._sql.append_group, values)
+            except psycopg.Error as e:
+                if not rolled_back(e, own):
+                    for waiting in sent:
+                        waiting.failed(e)
+                    return
+                rows = None
+            if rows is None:
+                # Rolled back, or not runnable through libpq: each caller runs its own
+                # append alone, at once, so each gets its own outcome and none waits
+                # behind another's lock.
+                for waiting in sent:
+                    waiting.run_alone()
+                return
+            for waiting, stored_at in zip(sent, stored_in_group(len(sent), rows), strict=True):
+                waiting.succeeded(stored_at)
 
     def close(self) -> None:
         """Wait until no group runs (their callers wait for them)."""
@@ -298,9 +307,9 @@ class EventWriter:
 def rolled_back(error: psycopg.Error, conn: Connection[Any]) -> bool:
     """Whether a failed group statement certainly stored nothing, so that each of its
     appends may run again alone: the server answered with an error (a seq_nr another
-    writer took, a deadlock between such races, a timeout, a value it refused) and the
-    session is still there. Not after a lost connection or a server shutting down: the
-    commit may have happened."""
+    writer took, a row lock not granted in time, a deadlock between such races, a
+    value it refused) and the session is still there. Not after a lost connection or
+    a server shutting down: the commit may have happened."""
     state = error.sqlstate
     return (
         state is not None

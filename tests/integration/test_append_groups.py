@@ -453,3 +453,44 @@ def test_sync_journal_groups_appends_of_threads(
     )
     assert rows == [(f"Acct|t{i}", n) for i in range(8) for n in range(1, 21)]
     assert row == (1,)  # the one write connection ran a group statement
+
+
+async def test_a_group_blocked_by_a_callers_own_row_gives_its_appends_back(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    # The group is already sent when it meets the row a caller's open transaction
+    # inserted, and that caller waits for another append of the same group. The
+    # group's lock wait ends after its lock_timeout; each append then runs alone:
+    # the other one at once, the blocked one once the caller commits.
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=2), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as blocker,
+        await psycopg.AsyncConnection.connect(pg_dsn) as mine,
+    ):
+        await uncommitted(blocker, schema, "Acct|held")
+        held = asyncio.ensure_future(j.append("Acct|held", [{"a": 0}], expected_seq_nr=0))
+        await blocked_by(pg_dsn, blocker)
+        await j.append("Acct|x", [{"a": 1}], expected_seq_nr=0, conn=mine)
+        racer = asyncio.ensure_future(j.append("Acct|x", [{"b": 1}], expected_seq_nr=0))
+        other = asyncio.ensure_future(j.append("Acct|y", [{"c": 1}], expected_seq_nr=0))
+        await asyncio.sleep(0.05)
+        await blocker.rollback()
+        await held
+        # `mine` is still open: the append of Acct|y must not wait for it
+        (y,) = await asyncio.wait_for(other, timeout=10)
+        assert y.seq_nr == 1
+        assert not racer.done()
+        await mine.commit()
+        with pytest.raises(ConcurrencyError):
+            await racer
+        async with j.pool.connection() as conn:
+            cur = await conn.execute("SHOW lock_timeout")
+            assert await cur.fetchone() == ("0",)  # the group's own transaction's only
+    rows = await stored(pg_dsn, schema)
+    assert sorted((r[2], r[3], r[4]) for r in rows) == [
+        ("Acct|held", 1, settings.writer_id),
+        ("Acct|x", 1, settings.writer_id),
+        ("Acct|y", 1, settings.writer_id),
+    ]
