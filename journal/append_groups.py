@@ -76,6 +76,9 @@ class Waiting:
     # The outcome "run it alone": its group was not sent or rolled back, and the
     # caller runs it on its own connection, as an append without a group would.
     alone: bool = False
+    # The outcome "run it alone, in place of a statement": a group of it alone, which
+    # its caller runs as an append without a group would, holding that statement's place.
+    leads: bool = False
     payload_bytes: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -91,6 +94,10 @@ class Waiting:
 
     def run_alone(self) -> None:
         self.alone = True
+        self.done.set()
+
+    def lead(self) -> None:
+        self.leads = True
         self.done.set()
 
 

@@ -141,7 +141,9 @@ class EventWriter:
                 stored_at = self._in_group(groups, waiting)
                 if stored_at is not None:
                     return stored_at
-                return self._alone(batch, statement, values)  # not sent in time: alone
+                if not waiting.leads:  # not sent in time, or its group rolled back
+                    return self._alone(batch, statement, values)
+                # else a group of it alone: it runs here, in a statement's place
         try:
             return self._alone(batch, statement, values)
         finally:
@@ -160,7 +162,8 @@ class EventWriter:
 
     def _in_group(self, groups: AppendGroups, waiting: Waiting) -> datetime | None:
         """The stored timestamp of a waiting append once its group ran; None if it is to
-        run alone instead: not sent within `ESCAPE_SECONDS`, or its group rolled back."""
+        run alone instead: not sent within `ESCAPE_SECONDS`, its group rolled back, or a
+        group of it alone (`leads`: it then holds a statement's place)."""
         try:
             if not flavour.wait_event(waiting.done, ESCAPE_SECONDS):
                 if groups.withdraw(waiting):
@@ -168,11 +171,12 @@ class EventWriter:
                 waiting.done.wait()  # sent: its outcome comes
         except BaseException:
             # Not sent yet: it never will be. Sent: its group runs on, as a statement
-            # whose caller went away would.
-            groups.withdraw(waiting)
+            # whose caller went away would; or it was to run here, and its place goes on.
+            if not groups.withdraw(waiting) and waiting.leads:
+                self._run_next_groups(groups)
             raise
-        if waiting.alone:
-            return None  # its group was rolled back, or never sent
+        if waiting.alone or waiting.leads:
+            return None  # to run alone: its group was rolled back, never sent, or just it
         error = waiting.error
         if error is not None:
             # Every caller of a failed group gets its own exception.
@@ -187,6 +191,13 @@ class EventWriter:
         """A statement ended: start what waited for it as a group, in a task of its own
         (no caller's cancellation stops a statement that others wait for)."""
         while group := groups.finish():
+            if len(group) == 1:
+                # One append: its own caller runs it, in this statement's place (no task,
+                # no hand-over); unless it was withdrawn meanwhile.
+                for waiting in groups.send(group):
+                    waiting.lead()
+                    return
+                continue
             try:
                 task = flavour.spawn(
                     self._run_groups, groups, group, name="slicejournal-append-group"
