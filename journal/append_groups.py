@@ -73,6 +73,8 @@ class Waiting:
     stored_at: datetime | None = None
     error: BaseException | None = None
     stage: Stage = Stage.QUEUED
+    # When it was queued (the driver's monotonic clock), for `expired`.
+    queued_at: float = 0.0
     # The outcome "run it alone": its group was not sent or rolled back, and the
     # caller runs it on its own connection, as an append without a group would.
     alone: bool = False
@@ -110,6 +112,8 @@ class AppendGroups:
         self._max_bytes = max_bytes
         self._running = 0
         self._waiting: deque[Waiting] = deque()
+        # Every append queued or taken and not sent or withdrawn yet, oldest first.
+        self._unsent: dict[Waiting, None] = {}
         self._lock = threading.Lock()
 
     @property
@@ -126,14 +130,16 @@ class AppendGroups:
                 return True
             return False
 
-    def queue(self, waiting: Waiting) -> bool:
-        """Queue an append for the next group; True instead if a statement ended since
-        `try_run` and it may run now, alone (as there)."""
+    def queue(self, waiting: Waiting, now: float) -> bool:
+        """Queue an append for the next group at time `now`; True instead if a statement
+        ended since `try_run` and it may run now, alone (as there)."""
         with self._lock:
             if self._running < self._statements:
                 self._running += 1
                 return True
+            waiting.queued_at = now
             self._waiting.append(waiting)
+            self._unsent[waiting] = None
             return False
 
     def finish(self) -> list[Waiting]:
@@ -149,12 +155,36 @@ class AppendGroups:
         """Its caller gives up on an append (cancelled, or it runs alone instead): True
         if it will not be sent; False if it has been sent already."""
         with self._lock:
-            if waiting.stage is Stage.SENT:
-                return False
-            if waiting.stage is Stage.QUEUED:
-                self._waiting.remove(waiting)
-            waiting.stage = Stage.WITHDRAWN
-            return True
+            return self._withdraw(waiting)
+
+    def _withdraw(self, waiting: Waiting) -> bool:
+        if waiting.stage is Stage.SENT:
+            return False
+        if waiting.stage is Stage.QUEUED:
+            self._waiting.remove(waiting)
+        waiting.stage = Stage.WITHDRAWN
+        self._unsent.pop(waiting, None)
+        return True
+
+    def expired(self, before: float) -> list[Waiting]:
+        """Withdraw every append queued before `before` and not sent yet (they are to run
+        alone, `ESCAPE_SECONDS`), oldest first."""
+        with self._lock:
+            late = []
+            for waiting in self._unsent:
+                if waiting.queued_at > before:
+                    break
+                late.append(waiting)
+            for waiting in late:
+                self._withdraw(waiting)
+            return late
+
+    def oldest_unsent(self) -> float | None:
+        """When the oldest append not sent yet was queued; None if there is none."""
+        with self._lock:
+            for waiting in self._unsent:
+                return waiting.queued_at
+            return None
 
     def send(self, group: Sequence[Waiting]) -> list[Waiting]:
         """The appends of a group still wanted, now sent (no longer withdrawable); called
@@ -163,6 +193,7 @@ class AppendGroups:
             sent = [w for w in group if w.stage is Stage.TAKEN]
             for waiting in sent:
                 waiting.stage = Stage.SENT
+                del self._unsent[waiting]
             return sent
 
     def _take(self) -> list[Waiting]:

@@ -62,22 +62,53 @@ def _bytea(value: bytes) -> bytes:
 def _array(element_oid: int, encode: Callable[[Any], bytes]) -> Callable[[Sequence[Any]], bytes]:
     """The encoder of a one-dimensional array of `element_oid` in the binary array format,
     its elements written by `encode` (a None element is NULL)."""
+    pack_length = _LENGTH.pack
 
     def encode_array(value: Sequence[Any]) -> bytes:
         if isinstance(value, str | bytes):  # a sequence, but not of elements
             raise TypeError(f"not an array: {type(value).__name__}")
         parts = [b""]
+        add = parts.append
         nulls = 0
         for item in value:
             if item is None:
                 nulls = 1
-                parts.append(_NULL)
+                add(_NULL)
             else:
                 data = encode(item)
-                parts.append(_LENGTH.pack(len(data)))
-                parts.append(data)
+                add(pack_length(len(data)))
+                add(data)
         parts[0] = _ARRAY_HEADER.pack(1, nulls, element_oid, len(value), 1)
         return b"".join(parts)
+
+    return encode_array
+
+
+# Arrays of up to this many fixed-size elements are packed by one cached `Struct`.
+_PACKED_ARRAY_LENGTH: Final = 1024
+
+
+def _fixed_array(element_oid: int, code: str) -> Callable[[Sequence[Any]], bytes]:
+    """The encoder of a one-dimensional array of a fixed-size type (`code`: its `struct`
+    format letter): without NULLs, header, lengths and values in one `pack` (a group's
+    arrays are most of what it costs the client beyond its statement)."""
+    size = struct.calcsize(">" + code)
+    pack_one = struct.Struct(">" + code).pack
+    one_by_one = _array(element_oid, pack_one)
+    formats: dict[int, Callable[..., bytes]] = {}
+
+    def encode_array(value: Sequence[Any]) -> bytes:
+        count = len(value)
+        if count > _PACKED_ARRAY_LENGTH or None in value or isinstance(value, str | bytes):
+            return one_by_one(value)
+        pack = formats.get(count)
+        if pack is None:
+            pack = formats[count] = struct.Struct(">5i" + ("i" + code) * count).pack
+        values: list[Any] = [1, 0, element_oid, count, 1]
+        for item in value:
+            values.append(size)
+            values.append(item)
+        return pack(*values)
 
     return encode_array
 
@@ -124,8 +155,8 @@ INT8: Final = WireType(INT8_OID, _INT8.pack, _unpack_int(_INT8))
 TEXT: Final = WireType(TEXT_OID, _text)
 BYTEA: Final = WireType(BYTEA_OID, _bytea)
 TEXT_ARRAY: Final = WireType(TEXT_ARRAY_OID, _array(TEXT_OID, _text))
-INT4_ARRAY: Final = WireType(INT4_ARRAY_OID, _array(INT4_OID, _INT4.pack))
-INT8_ARRAY: Final = WireType(INT8_ARRAY_OID, _array(INT8_OID, _INT8.pack))
+INT4_ARRAY: Final = WireType(INT4_ARRAY_OID, _fixed_array(INT4_OID, "i"))
+INT8_ARRAY: Final = WireType(INT8_ARRAY_OID, _fixed_array(INT8_OID, "q"))
 BYTEA_ARRAY: Final = WireType(BYTEA_ARRAY_OID, _array(BYTEA_OID, _bytea))
 TIMESTAMPTZ: Final = WireType(1184, _unwritable, timestamptz)
 

@@ -37,6 +37,14 @@ def spawn(
     return asyncio.get_running_loop().create_task(function(*args), name=name)
 
 
+Timer = asyncio.TimerHandle
+
+
+def call_later(seconds: float, function: Callable[..., None], *args: Any) -> asyncio.TimerHandle:
+    """Call `function(*args)` after `seconds`, on the running loop; `.cancel()` stops it."""
+    return asyncio.get_running_loop().call_later(seconds, function, *args)
+
+
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel a spawned task and wait until it has ended (its error, if any, dropped)."""
     if task is None:

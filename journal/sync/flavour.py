@@ -105,6 +105,17 @@ def spawn(function: Callable[..., None], *args: Any, name: str) -> Task[None]:
     return task
 
 
+Timer = threading.Timer
+
+
+def call_later(seconds: float, function: Callable[..., None], *args: Any) -> threading.Timer:
+    """Call `function(*args)` after `seconds`, in a daemon thread; `.cancel()` stops it."""
+    timer = threading.Timer(seconds, function, args)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def cancel_and_wait(task: Task[Any] | None) -> None:
     """Cancel a spawned thread and wait until it has ended (its error, if any, dropped)."""
     if task is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -494,3 +495,38 @@ async def test_a_group_blocked_by_a_callers_own_row_gives_its_appends_back(
         ("Acct|x", 1, settings.writer_id),
         ("Acct|y", 1, settings.writer_id),
     ]
+
+
+def test_a_sync_append_does_not_wait_for_statements_its_own_transaction_blocks(
+    pg_dsn: str, settings: JournalSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The blocking flavour's twin of the test above: threads, and the timer a thread.
+    monkeypatch.setattr(sync_writer, "ESCAPE_SECONDS", ESCAPE_SECONDS)
+    outcomes: list[BaseException | None] = []
+    with (
+        SyncJournal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=2), create_schema=True
+        ) as j,
+        psycopg.Connection.connect(pg_dsn) as mine,
+    ):
+        j.append("Acct|x", [{"a": 1}], expected_seq_nr=0, conn=mine)
+
+        def racer(i: int) -> None:
+            try:
+                j.append("Acct|x", [{"b": i}], expected_seq_nr=0)
+                outcomes.append(None)
+            except BaseException as e:  # checked below, in the test's thread
+                outcomes.append(e)
+
+        racers = [threading.Thread(target=racer, args=(i,)) for i in range(2)]
+        for t in racers:
+            t.start()
+        asyncio.run(blocked_by(pg_dsn, mine, count=2))
+        started = time.monotonic()
+        (other,) = j.append("Acct|other", [{"c": 1}], expected_seq_nr=0)
+        assert other.seq_nr == 1
+        assert time.monotonic() - started < 10
+        mine.commit()
+        for t in racers:
+            t.join(10)
+    assert [type(e) for e in outcomes] == [ConcurrencyError, ConcurrencyError]

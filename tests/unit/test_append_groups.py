@@ -32,7 +32,7 @@ def test_appends_run_alone_up_to_the_limit_then_wait() -> None:
     assert not groups.try_run()
     assert groups.running == 2
     a, b = waiting("A|a"), waiting("A|b")
-    assert not groups.queue(a) and not groups.queue(b)
+    assert not groups.queue(a, 0.0) and not groups.queue(b, 0.0)
     # the first statement to end takes everything waiting as one group, in its place
     assert groups.finish() == [a, b]
     assert groups.running == 2 and a.stage is b.stage is Stage.TAKEN
@@ -47,7 +47,7 @@ def test_a_statement_that_ended_meanwhile_lets_the_append_run_alone() -> None:
     assert groups.try_run()
     assert not groups.try_run()
     assert groups.finish() == []  # ends between the caller's try_run and its queue
-    assert groups.queue(waiting("A|a"))  # runs alone: not queued
+    assert groups.queue(waiting("A|a"), 0.0)  # runs alone: not queued
     assert groups.running == 1
     assert groups.finish() == []
 
@@ -57,7 +57,7 @@ def test_one_append_per_id_in_a_group_and_the_rest_keeps_its_place() -> None:
     assert groups.try_run()
     first, second, other, third = waiting("A|x"), waiting("A|x"), waiting("A|y"), waiting("A|x")
     for w in (first, second, other, third):
-        groups.queue(w)
+        groups.queue(w, 0.0)
     assert groups.finish() == [first, other]
     assert groups.finish() == [second]
     assert groups.finish() == [third]
@@ -70,7 +70,7 @@ def test_a_group_holds_at_most_max_events_but_always_one_append() -> None:
     assert groups.try_run()
     big, a, b, c = waiting("A|big", 7), waiting("A|a", 2), waiting("A|b", 2), waiting("A|c", 2)
     for w in (big, a, b, c):
-        groups.queue(w)
+        groups.queue(w, 0.0)
     assert groups.finish() == [big]  # larger than a group, alone
     assert pids(groups.finish()) == ["A|a", "A|b"]
     assert pids(groups.finish()) == ["A|c"]
@@ -81,7 +81,7 @@ def test_an_append_can_be_withdrawn_until_it_is_sent() -> None:
     assert groups.try_run()
     a, b, c = waiting("A|a"), waiting("A|b"), waiting("A|c")
     for w in (a, b, c):
-        groups.queue(w)
+        groups.queue(w, 0.0)
     assert groups.withdraw(a)  # queued: it leaves the queue
     group = groups.finish()
     assert group == [b, c]
@@ -97,7 +97,7 @@ def test_an_append_passed_over_for_size_is_not_passed_by_a_later_one_of_its_id()
     assert groups.try_run()
     a, x_first, x_second = waiting("A|a", 4), waiting("A|x", 3), waiting("A|x", 1)
     for w in (a, x_first, x_second):
-        groups.queue(w)
+        groups.queue(w, 0.0)
     assert groups.finish() == [a]
     assert groups.finish() == [x_first]
     assert groups.finish() == [x_second]
@@ -109,7 +109,7 @@ def test_a_group_holds_at_most_max_bytes_of_payload() -> None:
     ws = [waiting(f"A|{i}") for i in range(6)]  # 7 bytes of JSON each: {"n":0}
     assert {w.payload_bytes for w in ws} == {7}
     for w in ws:
-        groups.queue(w)
+        groups.queue(w, 0.0)
     assert groups.finish() == ws[0:2]
     assert groups.finish() == ws[2:4]
 
@@ -118,3 +118,24 @@ def test_stored_in_group_maps_rows_to_appends() -> None:
     at = datetime(2026, 1, 1, tzinfo=UTC)
     assert stored_in_group(3, [(3, at), (1, at)]) == [at, None, at]
     assert stored_in_group(2, []) == [None, None]
+
+
+def test_appends_unsent_past_their_time_expire_oldest_first() -> None:
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
+    assert groups.try_run()
+    a, b, c = waiting("A|a"), waiting("A|b"), waiting("A|c")
+    groups.queue(a, 1.0)
+    groups.queue(b, 2.0)
+    assert groups.oldest_unsent() == 1.0
+    group = groups.finish()  # taken, not sent: can still expire
+    assert group == [a, b]
+    groups.queue(c, 3.0)
+    assert groups.expired(1.5) == [a]
+    assert a.stage is Stage.WITHDRAWN
+    assert groups.send(group) == [b]  # the group goes without it
+    assert groups.oldest_unsent() == 3.0
+    assert groups.expired(2.5) == []  # b is sent: it no longer expires
+    assert groups.expired(3.0) == [c]
+    assert groups.oldest_unsent() is None
+    assert groups.finish() == []
+    assert groups.running == 0

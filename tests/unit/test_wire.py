@@ -11,8 +11,13 @@ from hypothesis import strategies as st
 
 from journal.wire import (
     BYTEA,
+    BYTEA_ARRAY,
     INT4,
+    INT4_ARRAY,
+    INT4_OID,
     INT8,
+    INT8_ARRAY,
+    INT8_OID,
     TEXT,
     TEXT_ARRAY,
     TEXT_ARRAY_OID,
@@ -98,3 +103,49 @@ def test_timestamptz_is_microseconds_since_2000_in_utc(micros: int) -> None:
     except OverflowError:
         return
     assert in_berlin == expected and in_berlin.tzinfo is berlin
+
+
+def decode_array(data: bytes, element_oid: int, size: int | None) -> list[object]:
+    """A one-dimensional binary array: ints of `size` bytes, or bytes (size None)."""
+    ndim, nulls, oid, length, lower = struct.unpack_from(">iiiii", data)
+    assert (ndim, oid, lower) == (1, element_oid, 1)
+    items: list[object] = []
+    at = 20
+    for _ in range(length):
+        (width,) = struct.unpack_from(">i", data, at)
+        at += 4
+        if width == -1:
+            items.append(None)
+            continue
+        value = data[at : at + width]
+        if size is not None:
+            assert width == size
+            items.append(int.from_bytes(value, "big", signed=True))
+        else:
+            items.append(value)
+        at += width
+    assert at == len(data)
+    assert nulls == (None in items)
+    return items
+
+
+@given(st.lists(st.none() | st.integers(-(2**31), 2**31 - 1), max_size=40))
+def test_int4_arrays_round_trip_with_nulls(values: list[int | None]) -> None:
+    assert decode_array(INT4_ARRAY.encode(values), INT4_OID, 4) == values
+
+
+@given(st.lists(st.none() | st.integers(-(2**63), 2**63 - 1), max_size=40))
+def test_int8_arrays_round_trip_with_nulls(values: list[int | None]) -> None:
+    assert decode_array(INT8_ARRAY.encode(values), INT8_OID, 8) == values
+
+
+@given(st.lists(st.none() | st.binary(max_size=20), max_size=10))
+def test_bytea_arrays_round_trip_with_nulls(values: list[bytes | None]) -> None:
+    assert decode_array(BYTEA_ARRAY.encode(values), 17, None) == values
+
+
+def test_an_int_outside_its_array_type_makes_the_caller_fall_back() -> None:
+    wire = WireStatement.of("SELECT $1", ("a",), {"a": INT4_ARRAY}, ())
+    assert wire.encode([[1, 2**31]]) is None
+    assert wire.encode([[1, None, 2**31]]) is None
+    assert wire.encode(["12"]) is None  # a str is not an array
