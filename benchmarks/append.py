@@ -262,7 +262,7 @@ async def run_journal(dsn: str, case: Case, timing: Timing, *, grouped: bool) ->
         schema=schema,
         pool_max_size=case.writers + 2,
         writer_id=WRITER_ID,
-        append_statements=JournalSettings().append_statements if grouped else None,
+        append_statements="auto" if grouped else None,
     )
     try:
         async with Journal.connect(dsn, settings, create_schema=True) as journal:
@@ -425,7 +425,7 @@ async def run_child(spec: ChildSpec) -> None:
             settings = JournalSettings(
                 schema=spec.schema, pool_max_size=spec.writers + 2, writer_id=WRITER_ID,
                 append_statements=(
-                    JournalSettings().append_statements if spec.variant == JOURNAL else None
+                    "auto" if spec.variant == JOURNAL else None
                 ),
             )  # fmt: skip
             journal = await stack.enter_async_context(Journal.connect(spec.dsn, settings))

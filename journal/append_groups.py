@@ -81,6 +81,9 @@ class Waiting:
     # The outcome "run it alone, in place of a statement": a group of it alone, which
     # its caller runs as an append without a group would, holding that statement's place.
     leads: bool = False
+    # The outcome "run this group, then pass the place on" (the blocking flavour, where
+    # a thread of its own is dear): the group, sent, of which it is the first.
+    group: list[Waiting] | None = None
     payload_bytes: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -100,6 +103,10 @@ class Waiting:
 
     def lead(self) -> None:
         self.leads = True
+        self.done.set()
+
+    def lead_group(self, group: list[Waiting]) -> None:
+        self.group = group
         self.done.set()
 
 

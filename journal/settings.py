@@ -14,7 +14,7 @@ import socket
 import uuid
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -39,10 +39,14 @@ def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: int) ->
         raise InvalidSettings(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
-def _optional_positive_int(
-    instance: Any, attribute: attrs.Attribute[Any], value: int | None
+def _append_statements(
+    instance: Any, attribute: attrs.Attribute[Any], value: int | str | None
 ) -> None:
-    if value is not None:
+    if value is not None and value != "auto":
+        if isinstance(value, str):
+            raise InvalidSettings(
+                f"{attribute.name} must be an int >= 1, None or 'auto', got {value!r}"
+            )
         _positive_int(instance, attribute, value)
 
 
@@ -197,8 +201,18 @@ class JournalSettings:
     # (each append still all or nothing, with its own outcome; one append per
     # persistence id in a group). A lone writer waits for nothing. None: every append is
     # its own statement, up to `pool_max_size` at once. Appends in a caller's
-    # transaction (`conn=`) are never grouped.
-    append_statements: int | None = attrs.field(default=2, validator=_optional_positive_int)
+    # transaction (`conn=`) are never grouped. "auto": 2 for the asyncio `Journal`,
+    # None for the blocking `SyncJournal` (its threads, held back by the GIL, gained
+    # nothing from grouping when measured).
+    append_statements: int | Literal["auto"] | None = attrs.field(
+        default="auto", validator=_append_statements
+    )
+
+    def append_statements_for(self, asynchronous: bool) -> int | None:
+        """`append_statements` for the asyncio (`asynchronous`) or the blocking journal."""
+        if self.append_statements == "auto":
+            return 2 if asynchronous else None
+        return self.append_statements
 
     @property
     def migration_lock_timeout_ms(self) -> int:

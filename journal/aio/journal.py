@@ -120,7 +120,7 @@ class Journal:
             registry,
             settings.writer_id,
             self._notifier,
-            settings.append_statements,
+            settings.append_statements_for(ASYNC),
         )
         self._snapshots = SnapshotStore(self.pool, self.tables, registry)
         self._eraser = Eraser(self.pool, self.tables, settings.writer_id, self._notifier)

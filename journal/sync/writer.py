@@ -171,10 +171,16 @@ class EventWriter:
             waiting.done.wait()
         except BaseException:
             # Not sent yet: it never will be. Sent: its group runs on, as a statement
-            # whose caller went away would; or it was to run here, and its place goes on.
-            if not groups.withdraw(waiting) and waiting.leads:
+            # whose caller went away would; or it was to run here, and its place goes on
+            # (the group it was to lead, unsent, runs alone).
+            if not groups.withdraw(waiting) and (waiting.leads or waiting.group):
+                for other in waiting.group or ():
+                    if other is not waiting:
+                        other.run_alone()
                 self._run_next_groups(groups)
             raise
+        if waiting.group:
+            self._lead(groups, waiting, waiting.group)  # it runs its group (threads)
         if waiting.alone or waiting.leads:
             return None  # to run alone: its group was rolled back, never sent, or just it
         error = waiting.error
@@ -208,7 +214,8 @@ class EventWriter:
 
     def _run_next_groups(self, groups: AppendGroups) -> None:
         """A statement ended: start what waited for it as a group, in a task of its own
-        (no caller's cancellation stops a statement that others wait for)."""
+        (no caller's cancellation stops a statement that others wait for); in the
+        blocking flavour, in the thread of its first caller (`_lead`)."""
         while group := groups.finish():
             if len(group) == 1:
                 # One append: its own caller runs it, in this statement's place (no task,
@@ -217,17 +224,11 @@ class EventWriter:
                     waiting.lead()
                     return
                 continue
-            try:
-                task = flavour.spawn(
-                    self._run_groups, groups, group, name="slicejournal-append-group"
-                )
-            except Exception:  # no task (no thread) to run it: its callers run theirs alone
-                for waiting in group:
-                    if groups.withdraw(waiting):
-                        waiting.run_alone()
+            # A thread is dear to start: the group's first caller, woken, runs it.
+            sent = groups.send(group)
+            if not sent:
                 continue
-            with self._tasks_lock:
-                self._group_tasks = {t for t in self._group_tasks if not t.done()} | {task}
+            sent[0].lead_group(sent)
             return
 
     def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
@@ -251,37 +252,53 @@ class EventWriter:
     def _run_group(self, groups: AppendGroups, group: list[Waiting]) -> None:
         """Store a group's appends in one statement; each waiting caller gets its outcome."""
         with self._pool.connection() as own:
-            sent = groups.send(group)
-            if len(sent) == 1:
-                (waiting,) = sent
-                statement, values = self._sql.append_call(waiting.batch, self._writer_id)
-                try:
-                    stored_at = self._insert(own, statement, values, own=True)
-                except Exception as e:
+            self._store(own, groups.send(group))
+
+    def _lead(self, groups: AppendGroups, leader: Waiting, sent: list[Waiting]) -> None:
+        """Run a sent group in its first caller (`leader`), then pass its place on."""
+        try:
+            with self._pool.connection() as own:
+                self._store(own, sent)
+        except BaseException as e:
+            for waiting in sent:
+                if waiting is leader or not waiting.done.is_set():
                     waiting.failed(e)
-                else:
-                    waiting.succeeded(stored_at)
-                return
-            if not sent:
-                return
-            values = self._sql.group_call([w.batch for w in sent], self._writer_id)
+            raise
+        finally:
+            self._run_next_groups(groups)
+
+    def _store(self, own: Connection[Any], sent: list[Waiting]) -> None:
+        """Store the appends `sent` in one statement on `own`; each caller gets its outcome."""
+        if len(sent) == 1:
+            (waiting,) = sent
+            statement, values = self._sql.append_call(waiting.batch, self._writer_id)
             try:
-                rows = prepared.rows(own, self._sql.append_group, values)
-            except psycopg.Error as e:
-                if not rolled_back(e, own):
-                    for waiting in sent:
-                        waiting.failed(e)
-                    return
-                rows = None
-            if rows is None:
-                # Rolled back, or not runnable through libpq: each caller runs its own
-                # append alone, at once, so each gets its own outcome and none waits
-                # behind another's lock.
-                for waiting in sent:
-                    waiting.run_alone()
-                return
-            for waiting, stored_at in zip(sent, stored_in_group(len(sent), rows), strict=True):
+                stored_at = self._insert(own, statement, values, own=True)
+            except Exception as e:
+                waiting.failed(e)
+            else:
                 waiting.succeeded(stored_at)
+            return
+        if not sent:
+            return
+        values = self._sql.group_call([w.batch for w in sent], self._writer_id)
+        try:
+            rows = prepared.rows(own, self._sql.append_group, values)
+        except psycopg.Error as e:
+            if not rolled_back(e, own):
+                for waiting in sent:
+                    waiting.failed(e)
+                return
+            rows = None
+        if rows is None:
+            # Rolled back, or not runnable through libpq: each caller runs its own
+            # append alone, at once, so each gets its own outcome and none waits
+            # behind another's lock.
+            for waiting in sent:
+                waiting.run_alone()
+            return
+        for waiting, stored_at in zip(sent, stored_in_group(len(sent), rows), strict=True):
+            waiting.succeeded(stored_at)
 
     def close(self) -> None:
         """Wait until no group runs (their callers wait for them)."""

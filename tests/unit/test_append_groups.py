@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from journal import InvalidSettings, JournalSettings
 from journal.append_groups import AppendGroups, Stage, Waiting, stored_in_group
 from journal.serialization import SerializerRegistry
 from journal.writer import prepare_append
@@ -139,3 +140,18 @@ def test_appends_unsent_past_their_time_expire_oldest_first() -> None:
     assert groups.oldest_unsent() is None
     assert groups.finish() == []
     assert groups.running == 0
+
+
+def test_append_statements_auto_groups_asyncio_appends_only() -> None:
+    auto = JournalSettings()
+    assert auto.append_statements == "auto"
+    assert (auto.append_statements_for(True), auto.append_statements_for(False)) == (2, None)
+    for value in (1, 5, None):
+        chosen = JournalSettings(append_statements=value)
+        assert chosen.append_statements_for(True) == chosen.append_statements_for(False) == value
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "2", "AUTO", 1.5])
+def test_append_statements_must_be_a_positive_int_none_or_auto(value: object) -> None:
+    with pytest.raises(InvalidSettings, match="append_statements"):
+        JournalSettings(append_statements=value)  # type: ignore[arg-type]
