@@ -101,14 +101,6 @@ class Waiting:
         self.alone = True
         self.done.set()
 
-    def lead(self) -> None:
-        self.leads = True
-        self.done.set()
-
-    def lead_group(self, group: list[Waiting]) -> None:
-        self.group = group
-        self.done.set()
-
 
 class AppendGroups:
     """How many append statements run, and what waits for the next one."""
@@ -121,6 +113,7 @@ class AppendGroups:
         self._waiting: deque[Waiting] = deque()
         # Every append queued or taken and not sent or withdrawn yet, oldest first.
         self._unsent: dict[Waiting, None] = {}
+        self._last_queued = 0.0
         self._lock = threading.Lock()
 
     @property
@@ -144,7 +137,8 @@ class AppendGroups:
             if self._running < self._statements:
                 self._running += 1
                 return True
-            waiting.queued_at = now
+            # In queue order, whatever the threads' clock readings: `expired` relies on it.
+            waiting.queued_at = self._last_queued = max(now, self._last_queued)
             self._waiting.append(waiting)
             self._unsent[waiting] = None
             return False
@@ -164,10 +158,10 @@ class AppendGroups:
         with self._lock:
             return self._withdraw(waiting)
 
-    def _withdraw(self, waiting: Waiting) -> bool:
+    def _withdraw(self, waiting: Waiting, *, queued: bool = True) -> bool:
         if waiting.stage is Stage.SENT:
             return False
-        if waiting.stage is Stage.QUEUED:
+        if waiting.stage is Stage.QUEUED and queued:
             self._waiting.remove(waiting)
         waiting.stage = Stage.WITHDRAWN
         self._unsent.pop(waiting, None)
@@ -183,7 +177,9 @@ class AppendGroups:
                     break
                 late.append(waiting)
             for waiting in late:
-                self._withdraw(waiting)
+                self._withdraw(waiting, queued=False)
+            if late:  # out of the queue at once, not one `remove` each
+                self._waiting = deque(w for w in self._waiting if w.stage is Stage.QUEUED)
             return late
 
     def oldest_unsent(self) -> float | None:
@@ -193,15 +189,34 @@ class AppendGroups:
                 return waiting.queued_at
             return None
 
+    def hand_over(self, group: Sequence[Waiting]) -> Waiting | None:
+        """Send a group to be run by the caller of its first append still wanted: its
+        role (`leads` for a group of one, else `group`) is given under the lock, so a
+        caller giving up at that moment sees it. None if nothing is still wanted. The
+        driver then wakes it (`done`)."""
+        with self._lock:
+            sent = self._send(group)
+            if not sent:
+                return None
+            leader = sent[0]
+            if len(sent) == 1:
+                leader.leads = True
+            else:
+                leader.group = sent
+            return leader
+
     def send(self, group: Sequence[Waiting]) -> list[Waiting]:
         """The appends of a group still wanted, now sent (no longer withdrawable); called
         just before their statement goes to the server."""
         with self._lock:
-            sent = [w for w in group if w.stage is Stage.TAKEN]
-            for waiting in sent:
-                waiting.stage = Stage.SENT
-                del self._unsent[waiting]
-            return sent
+            return self._send(group)
+
+    def _send(self, group: Sequence[Waiting]) -> list[Waiting]:
+        sent = [w for w in group if w.stage is Stage.TAKEN]
+        for waiting in sent:
+            waiting.stage = Stage.SENT
+            del self._unsent[waiting]
+        return sent
 
     def _take(self) -> list[Waiting]:
         group: list[Waiting] = []

@@ -84,8 +84,10 @@ def _array(element_oid: int, encode: Callable[[Any], bytes]) -> Callable[[Sequen
     return encode_array
 
 
-# Arrays of up to this many fixed-size elements are packed by one cached `Struct`.
+# Arrays of up to this many fixed-size elements are packed in one `Struct.pack`; up to
+# `_CACHED_ARRAY_LENGTH` (a group's usual sizes) with the `Struct` kept.
 _PACKED_ARRAY_LENGTH: Final = 1024
+_CACHED_ARRAY_LENGTH: Final = 64
 
 
 def _fixed_array(element_oid: int, code: str) -> Callable[[Sequence[Any]], bytes]:
@@ -103,7 +105,9 @@ def _fixed_array(element_oid: int, code: str) -> Callable[[Sequence[Any]], bytes
             return one_by_one(value)
         pack = formats.get(count)
         if pack is None:
-            pack = formats[count] = struct.Struct(">5i" + ("i" + code) * count).pack
+            pack = struct.Struct(">5i" + ("i" + code) * count).pack
+            if count <= _CACHED_ARRAY_LENGTH:
+                formats[count] = pack
         values: list[Any] = [1, 0, element_oid, count, 1]
         for item in value:
             values.append(size)

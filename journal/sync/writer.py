@@ -28,6 +28,7 @@ from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
 from journal.serialization import SerializerRegistry
 from journal.sync import flavour, prepared
+from journal.sync.flavour import ASYNC
 from journal.sync.notifications import Notifier, send_notification
 from journal.tables import Tables
 from journal.telemetry import (
@@ -166,21 +167,23 @@ class EventWriter:
         """The stored timestamp of a waiting append once its group ran; None if it is to
         run alone instead: not sent within `ESCAPE_SECONDS`, its group rolled back, or a
         group of it alone (`leads`: it then holds a statement's place)."""
+        led = False
         try:
             self._watch(groups)
             waiting.done.wait()
+            if waiting.group:
+                led = True
+                self._lead(groups, waiting, waiting.group)  # its group (threads)
         except BaseException:
             # Not sent yet: it never will be. Sent: its group runs on, as a statement
             # whose caller went away would; or it was to run here, and its place goes on
             # (the group it was to lead, unsent, runs alone).
-            if not groups.withdraw(waiting) and (waiting.leads or waiting.group):
+            if not groups.withdraw(waiting) and not led and (waiting.leads or waiting.group):
                 for other in waiting.group or ():
                     if other is not waiting:
                         other.run_alone()
                 self._run_next_groups(groups)
             raise
-        if waiting.group:
-            self._lead(groups, waiting, waiting.group)  # it runs its group (threads)
         if waiting.alone or waiting.leads:
             return None  # to run alone: its group was rolled back, never sent, or just it
         error = waiting.error
@@ -217,19 +220,14 @@ class EventWriter:
         (no caller's cancellation stops a statement that others wait for); in the
         blocking flavour, in the thread of its first caller (`_lead`)."""
         while group := groups.finish():
-            if len(group) == 1:
-                # One append: its own caller runs it, in this statement's place (no task,
-                # no hand-over); unless it was withdrawn meanwhile.
-                for waiting in groups.send(group):
-                    waiting.lead()
-                    return
-                continue
-            # A thread is dear to start: the group's first caller, woken, runs it.
-            sent = groups.send(group)
-            if not sent:
-                continue
-            sent[0].lead_group(sent)
-            return
+            if len(group) == 1 or not ASYNC:
+                # Its first caller runs it, in this statement's place: one append alone, or
+                # (threads, dear to start) the whole group; unless none is still wanted.
+                leader = groups.hand_over(group)
+                if leader is None:
+                    continue
+                leader.done.set()
+                return
 
     def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
         while group:
@@ -256,13 +254,19 @@ class EventWriter:
 
     def _lead(self, groups: AppendGroups, leader: Waiting, sent: list[Waiting]) -> None:
         """Run a sent group in its first caller (`leader`), then pass its place on."""
+        storing = False
         try:
             with self._pool.connection() as own:
+                storing = True
                 self._store(own, sent)
         except BaseException as e:
             for waiting in sent:
-                if waiting is leader or not waiting.done.is_set():
+                if waiting is leader or waiting.done.is_set():
+                    continue
+                if storing:
                     waiting.failed(e)
+                else:
+                    waiting.run_alone()  # nothing was sent: no connection came
             raise
         finally:
             self._run_next_groups(groups)
@@ -301,11 +305,9 @@ class EventWriter:
             waiting.succeeded(stored_at)
 
     def close(self) -> None:
-        """Wait until no group runs (their callers wait for them)."""
-        with self._tasks_lock:
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-                self._watchdog = None
+        """Wait until no group task runs (their callers wait for them; a blocking
+        journal's groups run in their callers' threads). The escape timer stops once no
+        append waits."""
         while True:
             with self._tasks_lock:
                 running = [t for t in self._group_tasks if not t.done()]

@@ -155,3 +155,39 @@ def test_append_statements_auto_groups_asyncio_appends_only() -> None:
 def test_append_statements_must_be_a_positive_int_none_or_auto(value: object) -> None:
     with pytest.raises(InvalidSettings, match="append_statements"):
         JournalSettings(append_statements=value)  # type: ignore[arg-type]
+
+
+def test_a_group_is_handed_to_the_caller_of_its_first_append_still_wanted() -> None:
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
+    assert groups.try_run()
+    a, b, c, d = waiting("A|a"), waiting("A|b"), waiting("A|c"), waiting("A|d")
+    for w in (a, b, c):
+        groups.queue(w, 0.0)
+    group = groups.finish()
+    assert groups.withdraw(a)
+    assert groups.hand_over(group) is b  # its role is set before anyone can see it sent
+    assert (b.group, b.leads) == ([b, c], False)
+    assert not groups.withdraw(b) and not groups.withdraw(c)
+    groups.queue(d, 1.0)
+    alone = groups.finish()
+    assert groups.hand_over(alone) is d
+    assert (d.group, d.leads) == (None, True)
+    e = waiting("A|e")
+    groups.queue(e, 2.0)
+    gone = groups.finish()
+    assert groups.withdraw(e)
+    assert groups.hand_over(gone) is None
+    assert groups.finish() == []
+    assert groups.running == 0
+
+
+def test_expired_appends_leave_the_queue_in_order() -> None:
+    groups = AppendGroups(statements=1, max_events=100, max_bytes=10**6)
+    assert groups.try_run()
+    ws = [waiting(f"A|{i}") for i in range(5)]
+    for i, w in enumerate(ws):
+        groups.queue(w, float(10 - i))  # a clock read before another thread's: kept in order
+    assert [w.queued_at for w in ws] == [10.0] * 5
+    assert groups.expired(9.0) == []
+    assert groups.expired(10.0) == ws
+    assert groups.finish() == []
