@@ -217,26 +217,18 @@ class WireStatement:
     def first_row(self, result: pq.abc.PGresult, zone: tzinfo) -> tuple[Any, ...] | None:
         """The leading columns of the result's first row (binary), timestamps in the
         session's time zone `zone`, as psycopg reads them; None without a row."""
-        if result.ntuples == 0:
-            return None
-        values = (result.get_value(0, i) for i in range(len(self.decoders)))
+        return None if result.ntuples == 0 else self._row(result, 0, zone)
+
+    def rows(self, result: pq.abc.PGresult, zone: tzinfo) -> list[tuple[Any, ...]]:
+        """The leading columns of every row of the result, as `first_row` reads one."""
+        return [self._row(result, row, zone) for row in range(result.ntuples)]
+
+    def _row(self, result: pq.abc.PGresult, row: int, zone: tzinfo) -> tuple[Any, ...]:
+        values = (result.get_value(row, i) for i in range(len(self.decoders)))
         return tuple(
             None if data is None else decode(data, zone)
             for decode, data in zip(self.decoders, values, strict=True)
         )
-
-    def rows(self, result: pq.abc.PGresult, zone: tzinfo) -> list[tuple[Any, ...]]:
-        """The leading columns of every row of the result, as `first_row` reads one."""
-        columns = range(len(self.decoders))
-        return [
-            tuple(
-                None if data is None else decode(data, zone)
-                for decode, data in zip(
-                    self.decoders, (result.get_value(row, i) for i in columns), strict=True
-                )
-            )
-            for row in range(result.ntuples)
-        ]
 
 
 _NAMED: Final = re.compile(r"%\((\w+)\)b")

@@ -58,11 +58,9 @@ async def first_row(
     """
     wire = statement.wire
     if prepared and wire is not None:
-        encoded = wire.encode(values)
-        if encoded is not None:
-            result = await run(conn, wire, encoded)
-            if result is not NOT_RUN:
-                return wire.first_row(result, conn.info.timezone)
+        result = await _run_encoded(conn, wire, values)
+        if result is not None:
+            return wire.first_row(result, conn.info.timezone)
     async with AsyncRawCursor(conn) as cur:  # numbered placeholders
         await cur.execute(statement.text, values)
         row: tuple[Any, ...] | None = await cur.fetchone()
@@ -76,13 +74,20 @@ async def rows(
     for it alone (as `first_row` with `prepared`); None if it cannot run that way (a
     value its type cannot hold, a session that is not UTF8): the caller does otherwise."""
     wire = statement.wire
-    encoded = None if wire is None else wire.encode(values)
-    if wire is None or encoded is None:
+    result = None if wire is None else await _run_encoded(conn, wire, values)
+    return None if wire is None or result is None else wire.rows(result, conn.info.timezone)
+
+
+async def _run_encoded(
+    conn: AsyncConnection[Any], statement: WireStatement, values: list[Any]
+) -> pq.abc.PGresult | None:
+    """`run` with `values` encoded first; None where a value does not fit its type or
+    the statement cannot run this way (`NOT_RUN`)."""
+    encoded = statement.encode(values)
+    if encoded is None:
         return None
-    result = await run(conn, wire, encoded)
-    if result is NOT_RUN:
-        return None
-    return wire.rows(result, conn.info.timezone)
+    result = await run(conn, statement, encoded)
+    return None if result is NOT_RUN else result
 
 
 async def run(

@@ -60,11 +60,9 @@ def first_row(
     """
     wire = statement.wire
     if prepared and wire is not None:
-        encoded = wire.encode(values)
-        if encoded is not None:
-            result = run(conn, wire, encoded)
-            if result is not NOT_RUN:
-                return wire.first_row(result, conn.info.timezone)
+        result = _run_encoded(conn, wire, values)
+        if result is not None:
+            return wire.first_row(result, conn.info.timezone)
     with RawCursor(conn) as cur:  # numbered placeholders
         cur.execute(statement.text, values)
         row: tuple[Any, ...] | None = cur.fetchone()
@@ -78,13 +76,20 @@ def rows(
     for it alone (as `first_row` with `prepared`); None if it cannot run that way (a
     value its type cannot hold, a session that is not UTF8): the caller does otherwise."""
     wire = statement.wire
-    encoded = None if wire is None else wire.encode(values)
-    if wire is None or encoded is None:
+    result = None if wire is None else _run_encoded(conn, wire, values)
+    return None if wire is None or result is None else wire.rows(result, conn.info.timezone)
+
+
+def _run_encoded(
+    conn: Connection[Any], statement: WireStatement, values: list[Any]
+) -> pq.abc.PGresult | None:
+    """`run` with `values` encoded first; None where a value does not fit its type or
+    the statement cannot run this way (`NOT_RUN`)."""
+    encoded = statement.encode(values)
+    if encoded is None:
         return None
-    result = run(conn, wire, encoded)
-    if result is NOT_RUN:
-        return None
-    return wire.rows(result, conn.info.timezone)
+    result = run(conn, statement, encoded)
+    return None if result is NOT_RUN else result
 
 
 def run(
