@@ -44,6 +44,8 @@ class Owner:
         self.late = 0
         self.busy: set[str] = set()
         self.held: list[asyncio.Task[None]] = []
+        # What happened to each id, in order, for the failure report.
+        self.history: dict[str, list[str]] = {p: [] for p in pids}
 
     async def step(self) -> None:
         free = [p for p in self.pids if p not in self.busy]
@@ -57,7 +59,9 @@ class Owner:
             reset = self.rng.random() < 0.5
             # One row per batch: the erasure runs long enough for retention's batches and the
             # projection's re-reads to meet it.
+            self.history[pid].append(f"erase reset={reset} after {self.highest[pid]}")
             await self.j.delete_all(pid, reset_sequence_number=reset, batch_size=1)
+            self.history[pid].append("erased")
             if reset:
                 self.highest[pid], self.first[pid] = 0, 1
             else:
@@ -72,16 +76,24 @@ class Owner:
             self.busy.add(pid)
             self.held.append(asyncio.create_task(self.held_open(pid, events)))
             return
-        await self.j.append(pid, events, expected_seq_nr=self.highest[pid])
+        stored = await self.j.append(pid, events, expected_seq_nr=self.highest[pid])
+        self.record(pid, "append", stored)
         self.highest[pid] += len(events)
 
     async def held_open(self, pid: str, events: list[Any]) -> None:
         async with self.j.pool.connection() as conn, conn.transaction():
-            await self.j.append(pid, events, expected_seq_nr=self.highest[pid], conn=conn)
+            stored = await self.j.append(pid, events, expected_seq_nr=self.highest[pid], conn=conn)
+            self.record(pid, "held", stored)
             await asyncio.sleep(self.rng.uniform(0.5, 2.0))
         self.highest[pid] += len(events)
         self.late += 1
         self.busy.discard(pid)
+
+    def record(self, pid: str, how: str, stored: list[Any]) -> None:
+        first, last = stored[0], stored[-1]
+        self.history[pid].append(
+            f"{how} {first.seq_nr}..{last.seq_nr} at {first.db_timestamp:%H:%M:%S.%f}"
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -100,6 +112,7 @@ async def test_erasures_retention_late_commits_and_a_rescale_leave_exact_read_mo
 ) -> None:
     async with Journal.connect(pg_dsn, journal_settings(schema), create_schema=True) as j:
         table = sql.Identifier(schema, "soak_model")
+        pids = [f"{ENTITY}|id-{i}" for i in range(IDS)]
         async with j.pool.connection() as conn:
             await conn.execute(
                 sql.SQL("CREATE TABLE {} (pid text, seq_nr bigint, PRIMARY KEY (pid, seq_nr))")
@@ -109,7 +122,12 @@ async def test_erasures_retention_late_commits_and_a_rescale_leave_exact_read_mo
         forget = sql.SQL("DELETE FROM {} WHERE pid = %s AND seq_nr < %s").format(table)
         forget_all = sql.SQL("DELETE FROM {} WHERE pid = %s").format(table)
 
+        handled: dict[str, list[str]] = {p: [] for p in pids}
+
         async def handler(conn: Any, env: Any) -> None:
+            handled[env.persistence_id].append(
+                f"{'D' if env.deleted else ''}{env.seq_nr}@{env.db_timestamp:%S.%f}"
+            )
             if env.deleted:  # the id was erased: so is what was derived from it
                 if env.seq_nr == 0:
                     await conn.execute(forget_all, (env.persistence_id,))
@@ -127,7 +145,6 @@ async def test_erasures_retention_late_commits_and_a_rescale_leave_exact_read_mo
         )  # fmt: skip
         retention = Retention(j, RetentionSettings(batch_size=20))
         await retention.register("soak", ENTITY)
-        pids = [f"{ENTITY}|id-{i}" for i in range(IDS)]
         owners = [Owner(j, pids[k::4], seed=k) for k in range(4)]
         stop = asyncio.Event()
         writers = [asyncio.create_task(o.run(stop)) for o in owners]
@@ -171,11 +188,21 @@ async def test_erasures_retention_late_commits_and_a_rescale_leave_exact_read_mo
                 ).format(j.tables.journal),
                 (bad,),
             )
+            offsets = await fetch(
+                j.dsn,
+                sql.SQL(
+                    "SELECT seq_nr, timestamp_offset FROM {} WHERE persistence_id = %s "
+                    "ORDER BY timestamp_offset"
+                ).format(sql.Identifier(schema, "projection_timestamp_offset_store")),
+                (bad,),
+            )
             owner = next(o for o in owners if bad in o.pids)
             raise AssertionError(
                 f"missing {missing[:20]}, extra {extra[:20]}; {bad}: owner's lifetime "
                 f"{owner.first[bad]}..{owner.highest[bad]}, journal {journal_rows[:5]} .. "
-                f"{journal_rows[-3:]}, model {sorted(s for p, s in found if p == bad)[:5]}"
+                f"{journal_rows[-3:]}, model {sorted(s for p, s in found if p == bad)[:5]}; "
+                f"what the owner did: {owner.history[bad][-40:]}; what the handler got (D: "
+                f"deleted): {handled[bad][-80:]}; offset rows: {offsets}"
             ) from None
         assert group.failed() is None, group.failed()
         await group.stop()
