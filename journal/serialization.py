@@ -62,6 +62,15 @@ from journal.model import SerializedPayload
 
 # One encoder for all events: json.dumps with options builds a new one per call.
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# orjson writes what `_ENCODER` accepts 10-15x faster (3-6 us an event here). What it
+# would write differently goes to `_ENCODER` instead: subclasses of str, int, dict and
+# list (`OrderedDict`, a named tuple), dates and dataclasses reach `_refuse`, and
+# orjson rejects integers beyond 64 bits, keys that are not str and lone surrogates.
+_ORJSON_OPTIONS: Final = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
 # A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a
 # float; the standard library keeps it exact.
 _LONG_NUMBER: Final = re.compile(rb"\d{19}")
@@ -69,6 +78,28 @@ _DIGITS: Final = b"0123456789"
 # The range of the `*_ser_id` columns (INTEGER).
 _MIN_INT4: Final = -(2**31)
 _MAX_INT4: Final = 2**31 - 1
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(type(value).__name__)
+
+
+def _dumps(fields: Any) -> bytes:
+    """Compact JSON, as `_ENCODER` writes it or raises for it (UTF-8 where it escapes
+    non-ASCII text: the same JSON value).
+
+    orjson writes NaN and infinities as `null`, which `_ENCODER` refuses: output
+    holding a `null` is written again by `_ENCODER`, which raises for them. orjson
+    also writes UUIDs (as their text) and enum members (as their value), which the
+    standard library cannot."""
+    try:
+        data = orjson.dumps(fields, default=_refuse, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError included
+        pass
+    else:
+        if b"null" not in data:
+            return data
+    return _ENCODER.encode(fields).encode("utf-8")
 
 
 def _loads(data: bytes) -> Any:
@@ -285,7 +316,7 @@ class JsonSerializer:
         reg = self._by_type.get(type(value))
         try:
             fields = value if reg is None else reg.unstructure(value)
-            return _ENCODER.encode(fields).encode("utf-8")
+            return _dumps(fields)
         except Exception as e:
             raise SerializationError(
                 f"cannot encode {type(value).__qualname__} as JSON: {type(e).__name__}: {e}"

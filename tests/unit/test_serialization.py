@@ -501,6 +501,55 @@ def test_payloads_decode_exactly_as_the_standard_library_reads_them(value: Any) 
     assert json.dumps(decoded) == json.dumps(json.loads(data))
 
 
+_encodable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too: orjson refuses those
+    | st.floats(allow_nan=True, allow_infinity=True)  # orjson writes NaN as null
+    | st.text(),  # lone surrogates: orjson refuses them
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(), inner, max_size=4)
+        # keys that are not str (the standard library writes them as text; orjson refuses)
+        | st.dictionaries(st.integers() | st.booleans() | st.none(), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_encodable)
+def test_payloads_encode_to_what_the_standard_library_writes_or_refuses(value: Any) -> None:
+    """The fast encoder must write the same JSON value as `json.dumps` (compact, no NaN)
+    and refuse exactly what it refuses."""
+    standard = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+    try:
+        expected = standard.encode(value)
+    except ValueError:  # NaN or an infinity
+        with pytest.raises(SerializationError, match="Out of range float"):
+            JsonSerializer().to_bytes(value)
+        return
+    assert json.loads(JsonSerializer().to_bytes(value)) == json.loads(expected)
+
+
+def test_values_the_standard_library_cannot_write_are_refused_alike() -> None:
+    """Subclasses, dates, sets and dataclasses take the standard library's path: its
+    result, or its error."""
+
+    class Text(str):
+        pass
+
+    json_serializer = JsonSerializer()
+    assert json_serializer.to_bytes({"t": Text("x")}) == b'{"t":"x"}'
+    assert json_serializer.to_bytes({"n": 2**70}) == b'{"n":1180591620717411303424}'
+    assert json_serializer.to_bytes({"s": "\ud800"}) == b'{"s":"\\ud800"}'
+    assert json_serializer.to_bytes({"s": "d\u00e9j\u00e0"}) == '{"s":"déjà"}'.encode()
+    for bad in ({"d": date(2024, 1, 1)}, {"s": {1, 2}}, {"b": b"x"}, {"x": float("nan")}):
+        with pytest.raises(SerializationError, match="cannot encode dict as JSON"):
+            json_serializer.to_bytes(bad)
+
+
 def _journal_row(seq_nr: int, payload: bytes) -> tuple[Any, ...]:
     ts = datetime(2024, 5, 1, tzinfo=UTC)
     return ("A|1", "A", 7, seq_nr, ts, "w", None, 31, "", None, None, None, payload, ts)
