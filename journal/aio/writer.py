@@ -339,9 +339,9 @@ class EventWriter:
     ) -> datetime | None:
         """The batch's db_timestamp; None if `expected_seq_nr` was not current.
 
-        On the pool's own (idle, autocommit) connections a batch of up to
-        `MAX_VALUES_EVENTS` runs prepared through libpq (`prepared.first_row`); on a
-        caller's connection, whose transaction and mode are the caller's, through a cursor.
+        On the pool's own (idle, autocommit) connections a batch runs prepared through
+        libpq (`prepared.first_row`); on a caller's connection, whose transaction and
+        mode are the caller's, through a cursor.
         """
         try:
             row = await prepared.first_row(conn, statement, values, prepared=own)

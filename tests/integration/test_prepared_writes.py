@@ -43,6 +43,8 @@ BATCHES: list[tuple[str, list[Any], list[str], Any]] = [
     ("Acct|c", [{"n": i} for i in range(10)], ["one"], "meta"),
     ("Acct|c", [{"n": i} for i in range(11)], [], None),
     ("Other|d", ["text", 1.5, None, True], [], {"nested": {"k": "v"}}),
+    # the array form with tags, metadata and payloads of every serializer
+    ("Acct|ü-b", [{"n": i} for i in range(12)] + [b"\x00 raw", None, "é"], ["x", "NULL"], 7),
 ]
 
 COLUMNS = (
@@ -99,8 +101,9 @@ async def test_the_prepared_path_stores_what_the_cursor_path_stores(
     ) as j:
         await append_all(j)
         names = await prepared_names(j)
-        # one statement per scalar batch size used: 1, 2, 3, 4 and 10 events
-        assert len(names) == 5, names
+        # one statement per scalar batch size used (1, 2, 3, 4 and 10 events), and the
+        # array form (11 and 15)
+        assert len(names) == 6, names
         envelopes = [e async for e in j.current_events_by_persistence_id("Acct|a")]
     with monkeypatch.context() as patch:
         patch.setattr(prepared, "PREPARED", False)
@@ -118,7 +121,7 @@ async def test_the_prepared_path_stores_what_the_cursor_path_stores(
 async def test_an_append_returns_the_stored_timestamp_in_the_sessions_zone(
     pg_dsn: str, schema: str
 ) -> None:
-    # Every path (prepared, cursor for 11 events, a caller's connection) gives the
+    # Every path (prepared, for 1 and for 11 events, a caller's connection) gives the
     # timestamp as psycopg reads it on the writing session: in that session's zone.
     berlin = psycopg.conninfo.make_conninfo(pg_dsn, options="-c TimeZone=Europe/Berlin")
     async with Journal.connect(berlin, JournalSettings(schema=schema), create_schema=True) as j:
