@@ -9,6 +9,7 @@ tests/integration/test_serialization.py.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import uuid
@@ -548,6 +549,15 @@ def test_values_the_standard_library_cannot_write_are_refused_alike() -> None:
     for bad in ({"d": date(2024, 1, 1)}, {"s": {1, 2}}, {"b": b"x"}, {"x": float("nan")}):
         with pytest.raises(SerializationError, match="cannot encode dict as JSON"):
             json_serializer.to_bytes(bad)
+
+
+def test_a_uuid_and_an_enum_in_a_plain_event_are_written_as_text_and_value() -> None:
+    class Colour(enum.Enum):
+        RED = "red"
+
+    key = uuid.UUID(int=1)
+    written = JsonSerializer().to_bytes({"id": key, "colour": Colour.RED, "n": [Colour.RED]})
+    assert json.loads(written) == {"id": str(key), "colour": "red", "n": ["red"]}
 
 
 def _journal_row(seq_nr: int, payload: bytes) -> tuple[Any, ...]:
