@@ -212,8 +212,9 @@ class JsonSerializer:
 
     Plain JSON values (dict, list, str, int, float, bool, None) get the empty
     manifest; inside them a `uuid.UUID` is written as its text and an enum member
-    as its value, and NaN or an infinity is refused. A class must be registered under a stable name, which becomes its
-    manifest, so renaming or moving the Python class does not orphan old events.
+    as its value, and NaN or an infinity is refused. A class must be registered
+    under a stable name, which becomes its manifest, so renaming or moving the
+    Python class does not orphan old events.
     See the module docstring for the supported field types and the manifest format.
     """
 
