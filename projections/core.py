@@ -219,6 +219,24 @@ def _waits_for(gap: Validation, fill: GapFill) -> int:
     return gap.missing_to if unsettled <= found else fill.deleted_to
 
 
+def _of_its_lifetime(fill: GapFill, ts: datetime) -> GapFill:
+    """The gap fill without the events later than the envelope (at `ts`) it was for.
+
+    An id that `delete_all` reset numbers its next lifetime from 1 again, so the
+    missing seq_nrs may be stored again, by the later lifetime, once an envelope
+    of the earlier one comes (a read buffered before the erasure, a late commit,
+    backtracking). Those rows are not the missing events, which are never later
+    than the envelope after them (an id's timestamps grow with its seq_nrs):
+    taken for them, one of them was handled in place of the id's reset tombstone,
+    which was then older than the handled record and dropped, and so were the
+    later lifetime's events up to it. Without them the gap stays open: the
+    envelope is rejected and held until the tombstone makes it a duplicate."""
+    events = [e for e in fill.events if e.db_timestamp <= ts]
+    if len(events) == len(fill.events):
+        return fill
+    return GapFill(events, fill.deleted_to)
+
+
 def admit(
     state: OffsetState,
     env: Envelope,
@@ -252,7 +270,9 @@ def admit(
         )
     if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
         found: Previous = yield PreviousTimestamp(pid, seq_nr - 1)
-        previous = found.timestamp
+        # Later than `env`: that seq_nr of a later lifetime (`_of_its_lifetime`); the one
+        # before `env` is not stored.
+        previous = found.timestamp if found.timestamp is None or found.timestamp <= ts else None
         v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=found.deleted_to)
     if v.verdict is Verdict.DUPLICATE:
         stats.duplicates += 1
@@ -261,7 +281,7 @@ def admit(
     if v.verdict is Verdict.GAP and fetched is None:
         # Earlier events of this pid have not come yet (they committed late, or the
         # range started after them): admit the missing ones first.
-        fill: GapFill = yield MissingEvents(pid, v.missing_from, v.missing_to)
+        fill = _of_its_lifetime((yield MissingEvents(pid, v.missing_from, v.missing_to)), ts)
         timestamps = {e.seq_nr: e.db_timestamp for e in fill.events}
         for earlier in fill.events:
             stats.gaps_filled += 1
