@@ -230,8 +230,13 @@ def _of_its_lifetime(fill: GapFill, ts: datetime) -> GapFill:
     taken for them, one of them was handled in place of the id's reset tombstone,
     which was then older than the handled record and dropped, and so were the
     later lifetime's events up to it. Without them the gap stays open: the
-    envelope is rejected and held until the tombstone makes it a duplicate."""
-    events = [e for e in fill.events if e.db_timestamp <= ts]
+    envelope is rejected and held until the tombstone makes it a duplicate.
+
+    A later tombstone stays: it erases the envelope's lifetime too (a reset
+    tombstone that a second reset moved past the lifetime being read, a later
+    lifetime's kept-sequence one), so it is handled first and the envelope, older
+    than it, is a duplicate."""
+    events = [e for e in fill.events if e.db_timestamp <= ts or e.deleted]
     if len(events) == len(fill.events):
         return fill
     return GapFill(events, fill.deleted_to)
@@ -270,9 +275,7 @@ def admit(
         )
     if v.verdict is Verdict.NEEDS_PREVIOUS_TIMESTAMP:
         found: Previous = yield PreviousTimestamp(pid, seq_nr - 1)
-        # Later than `env`: that seq_nr of a later lifetime (`_of_its_lifetime`); the one
-        # before `env` is not stored.
-        previous = found.timestamp if found.timestamp is None or found.timestamp <= ts else None
+        previous = found.timestamp
         v = state.validate(pid, seq_nr, slice_, ts, previous, deleted_to=found.deleted_to)
     if v.verdict is Verdict.DUPLICATE:
         stats.duplicates += 1
@@ -321,7 +324,9 @@ def admit(
         return accepted
     if not loaded(env):
         found_env: Envelope | None = yield LoadPayload(pid, seq_nr)
-        if found_env is None:  # deleted since: nothing to apply
+        if found_env is None or (state.consecutive and found_env.db_timestamp != ts):
+            # Deleted since: nothing to apply. Or the seq_nr is stored again by a later
+            # lifetime of a reset id (`_of_its_lifetime`): that event is not this one.
             stats.duplicates += 1
             return accepted
         # Durable state: the id's current revision, maybe newer (the module's docstring).

@@ -148,15 +148,29 @@ def test_a_gap_is_not_filled_with_a_later_lifetime_of_the_id() -> None:
 
 @pytest.mark.timeout(5)
 def test_an_unknown_ids_previous_event_of_a_later_lifetime_is_not_its_predecessor() -> None:
-    # The same through an instance that has no record of p: the timestamp of 36 it
-    # asks for is the later lifetime's. Event 37 is held, not taken for a gap.
+    # The same through an instance that has no record of p: 36 is the later lifetime's,
+    # and so are the events its gap fill finds. Event 37 is held.
     c = core([Record(SLICE, "x", 1, at(1))])
     assert c.offer(env("p", 37, 29.9), 0.0) == PreviousTimestamp("p", 36)
-    assert c.answer(Previous(at(32.1), 0), 0.0) is None
+    assert c.answer(Previous(at(32.1), 0), 0.0) == MissingEvents("p", 1, 36)
+    assert c.answer(GapFill([env("p", n, 31 + n / 10) for n in (35, 36)]), 0.0) is None
     assert not c.pending and [e.seq_nr for e in c.held] == [37]
     assert c.offer(env("p", 0, 30.8, deleted=True), 1.0) is None
     assert c.poll(1.0) is None
     assert c.held == () and [e.seq_nr for e in c.pending] == [0]
+
+
+@pytest.mark.timeout(5)
+def test_a_later_lifetimes_tombstone_found_by_a_gap_fill_is_handled_first() -> None:
+    # The later lifetime was erased too, keeping its sequence: its tombstone (at 32.5)
+    # erases everything of p before it, event 37 of the earlier lifetime included.
+    c = core([Record(SLICE, "p", n, at(n * 0.8)) for n in range(1, 36)])
+    assert c.offer(env("p", 37, 29.9), 0.0) == MissingEvents("p", 36, 36)
+    assert c.answer(GapFill([env("p", 36, 32.5, deleted=True)], 36), 0.0) is None
+    assert c.held == () and [(e.seq_nr, e.deleted) for e in c.pending] == [(36, True)]
+    assert c.offer(env("p", 0, 30.8, deleted=True), 1.0) is None  # from before it
+    assert c.offer(env("p", 37, 32.6), 1.0) is None  # the next lifetime goes on
+    assert [(e.seq_nr, e.deleted) for e in c.pending] == [(36, True), (37, False)]
 
 
 @pytest.mark.timeout(5)
@@ -275,7 +289,8 @@ def histories(draw: st.DrawFn) -> list[Row]:
         if kind == "erase" and mine:
             reset = draw(st.integers(0, 2)) > 0
             seq_nr = 0 if reset else max(r.seq_nr for r in mine) + 1
-            doomed = sorted((r for r in mine if (r.seq_nr > 0 if reset else r.seq_nr < seq_nr)),
+            # Row 0, an earlier reset's tombstone, stays (`delete_all` keeps it).
+            doomed = sorted((r for r in mine if r.seq_nr > 0 and (reset or r.seq_nr < seq_nr)),
                             key=lambda r: r.seq_nr)  # fmt: skip
             gone = visible + draw(st.integers(0, 3))
             for r in doomed:  # bounded batches, lowest seq_nrs first
@@ -452,10 +467,11 @@ def test_every_event_is_handed_out_at_most_once_and_nothing_from_an_ids_past(
         for _ in range(rng.randrange(4)):
             if behind:
                 p.deliver(rng.choice(behind))
-        # ... and a read buffered a few ticks before, handled only now: a row that may
-        # be gone, its id reset and written again meanwhile.
-        if tick > lag and rng.random() < 0.3:
-            buffered = readable(rows, tick - lag - rng.randint(1, min(tick - lag, 4)))
+        # ... and a row the query read a few ticks before, handled only now: it may be
+        # gone, its id reset and written again meanwhile.
+        read_at = tick - lag - late - rng.randint(1, 4)
+        if read_at >= 0 and rng.random() < 0.3:
+            buffered = readable(rows, read_at)
             if buffered:
                 p.deliver(rng.choice(buffered))
         if rng.random() < 0.1:

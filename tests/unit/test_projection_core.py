@@ -301,6 +301,11 @@ def test_core_a_backtracked_envelope_gets_its_payload_or_is_dropped() -> None:
     assert core.offer(env("d", 1, 6, loaded=False), 0.0) == LoadPayload("d", 1)
     assert core.answer(None, 0.0) is None  # deleted since
     assert core.stats.duplicates == 1 and core.state.seq_nr_of("d") is None
+    # Erased and written again (a reset id): the stored seq_nr 1 is a later event's, whose
+    # payload must not be applied as this one's.
+    assert core.offer(env("g", 1, 7, loaded=False), 0.0) == LoadPayload("g", 1)
+    assert core.answer(env("g", 1, 9), 0.0) is None
+    assert core.stats.duplicates == 2 and core.state.seq_nr_of("g") is None
 
 
 def test_core_a_failed_commit_discards_in_flight_and_the_retry_revalidates() -> None:
