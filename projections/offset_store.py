@@ -38,7 +38,10 @@ deliver them (a kept sequence's tombstone sits in the gap below the next
 event), an unknown pid's previous seq_nr counts as stored when it is a
 tombstone (its gap is filled), and a new lifetime's seq_nr 1 first asks for
 the id's seq_nr 0 (a gap 0..0): the reset tombstone, if the journal has one
-newer than the handled record.
+newer than the handled record. A gap fill never takes an event later than the
+envelope it is for (`projections/core.py`): after a reset the missing seq_nrs
+may be stored again by the next lifetime, and one of those handled in their
+place would make the reset tombstone "from the pid's past".
 
 **Nothing older than the handled record comes back.** An envelope whose
 db_timestamp is earlier than its pid's handled (stored or in-flight) record
