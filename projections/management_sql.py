@@ -57,7 +57,7 @@ class ManagementSql:
             "%(seqs)s::bigint[]))) RETURNING persistence_id, seq_nr"
         ).format(d=t.dead_letter)
         self.pending_replays = sql.SQL(
-            "SELECT persistence_id, seq_nr FROM {d} WHERE projection_name = %s "
+            "SELECT persistence_id, seq_nr, db_timestamp FROM {d} WHERE projection_name = %s "
             "AND slice BETWEEN %s AND %s AND replay_requested_at IS NOT NULL "
             "AND replayed_at IS NULL ORDER BY db_timestamp, persistence_id, seq_nr LIMIT 100"
         ).format(d=t.dead_letter)

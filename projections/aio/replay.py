@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 import psycopg
 
@@ -81,7 +82,7 @@ class DeadLetterReplayer:
                 cur = await conn.execute(
                     self._sql.pending_replays, (self._name, r.min_slice, r.max_slice)
                 )
-                pending = [(str(p), int(s)) for p, s in await cur.fetchall()]
+                pending = [(str(p), int(s), ts) for p, s, ts in await cur.fetchall()]
         except psycopg.errors.UndefinedColumn:
             # A schema not migrated yet (opened with `check_schema=False`, as during a
             # rolling upgrade): no replay until this instance is restarted after it.
@@ -90,9 +91,9 @@ class DeadLetterReplayer:
                          "(projections migration 3); not replaying", self._name)  # fmt: skip
             return 0
         replayed = 0
-        for pid, seq_nr in pending:
+        for pid, seq_nr, written in pending:
             try:
-                envelope = await self._load(pid, seq_nr)
+                envelope = await self._load(pid, seq_nr, written)
                 if envelope is None:
                     replayed += await self._superseded(pid, seq_nr)
                     continue
@@ -103,13 +104,22 @@ class DeadLetterReplayer:
                 await self._failed(pid, seq_nr, error)
         return replayed
 
-    async def _load(self, pid: str, seq_nr: int) -> EventEnvelope | DurableStateChange | None:
-        """The letter's event, or its id's state as a change (None: a newer revision
-        superseded it); `LookupError` if there is nothing to replay."""
+    async def _load(
+        self, pid: str, seq_nr: int, written: datetime
+    ) -> EventEnvelope | DurableStateChange | None:
+        """The letter's event (written at `written`), or its id's state as a change (None:
+        a newer revision superseded it); `LookupError` if there is nothing to replay."""
         if self._states is None:
             envelope = await self._journal.load_envelope(pid, seq_nr)
             if envelope is None:
                 raise LookupError("the event is no longer in the journal (deleted)")
+            if envelope.db_timestamp - written:  # a nonzero timedelta (zones may differ)
+                # `delete_all(reset_sequence_number=True)` erased it, and the id's next
+                # lifetime stored that seq_nr again: another event.
+                raise LookupError(
+                    "the event is no longer in the journal (erased; its seq_nr holds a "
+                    "later event of the id, written after a reset)"
+                )
             return envelope
         state = await self._states.get(pid)
         if state is None:

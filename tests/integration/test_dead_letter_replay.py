@@ -106,6 +106,44 @@ async def test_letters_replay_in_a_group_after_the_fix_exactly_once(journal: Jou
         await scenario(journal, management)
 
 
+@pytest.mark.timeout(120)
+async def test_a_letter_of_an_erased_lifetime_is_not_replayed_with_the_next_ones_event(
+    journal: Journal,
+) -> None:
+    """Its id was reset by `delete_all` and written again: the letter's seq_nr now holds
+    another event, which the replay must not hand to the handler as the letter's."""
+    await create_tables(journal)
+    management = ProjectionManagement(journal)
+    pid = f"{ENTITY}|reset"
+    async with ProjectionGroup(lambda r: projection(journal, r), 2):
+        await set_broken(journal, [pid])
+        await write(journal, [pid])
+
+        async def parked() -> bool:
+            return len(await management.dead_letters(NAME)) == 2
+
+        await eventually(parked, "both events parked", within=30)
+        await set_broken(journal, [])
+        await journal.delete_all(pid, reset_sequence_number=True)
+        await write(journal, [pid])  # the next lifetime: seq_nr 1 and 2 again
+
+        async def next_lifetime_applied() -> bool:
+            return await applied(journal) == {(pid, 0), (pid, 1), (pid, 2)}
+
+        await eventually(next_lifetime_applied, "the tombstone and the next lifetime", within=30)
+        assert await management.replay_dead_letters(NAME) == [(pid, 1), (pid, 2)]
+
+        async def settled() -> bool:
+            letters = await management.dead_letters(NAME)
+            return all(d.status != "pending" for d in letters)
+
+        await eventually(settled, "the replays ran", within=30)
+        letters = await management.dead_letters(NAME)
+        assert [d.status for d in letters] == ["parked", "parked"]
+        assert all("erased" in d.error and d.replay_failures == 1 for d in letters), letters
+        assert await applied(journal) == {(pid, 0), (pid, 1), (pid, 2)}
+
+
 @pytest.mark.timeout(60)
 async def test_replay_checks_its_input(journal: Journal) -> None:
     management = ProjectionManagement(journal)
