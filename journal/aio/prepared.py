@@ -74,8 +74,10 @@ async def rows(
     for it alone (as `first_row` with `prepared`); None if it cannot run that way (a
     value its type cannot hold, a session that is not UTF8): the caller does otherwise."""
     wire = statement.wire
-    result = None if wire is None else await _run_encoded(conn, wire, values)
-    return None if wire is None or result is None else wire.rows(result, conn.info.timezone)
+    if wire is None:
+        return None
+    result = await _run_encoded(conn, wire, values)
+    return None if result is None else wire.rows(result, conn.info.timezone)
 
 
 async def _run_encoded(

@@ -76,8 +76,10 @@ def rows(
     for it alone (as `first_row` with `prepared`); None if it cannot run that way (a
     value its type cannot hold, a session that is not UTF8): the caller does otherwise."""
     wire = statement.wire
-    result = None if wire is None else _run_encoded(conn, wire, values)
-    return None if wire is None or result is None else wire.rows(result, conn.info.timezone)
+    if wire is None:
+        return None
+    result = _run_encoded(conn, wire, values)
+    return None if result is None else wire.rows(result, conn.info.timezone)
 
 
 def _run_encoded(

@@ -34,7 +34,7 @@ from journal.aio.journal import Journal
 from journal.durable_state import DurableStateChange, state_change
 from journal.model import EventEnvelope
 from journal.slices import SliceRange
-from projections.core import Mode
+from projections.core import Mode, same_instant
 from projections.fencing import Fence
 from projections.management_sql import ManagementSql
 from projections.recovery import check_decoded
@@ -113,7 +113,7 @@ class DeadLetterReplayer:
             envelope = await self._journal.load_envelope(pid, seq_nr)
             if envelope is None:
                 raise LookupError("the event is no longer in the journal (deleted)")
-            if envelope.db_timestamp - written:  # a nonzero timedelta (zones may differ)
+            if not same_instant(envelope.db_timestamp, written):
                 # `delete_all(reset_sequence_number=True)` erased it, and the id's next
                 # lifetime stored that seq_nr again: another event.
                 raise LookupError(
