@@ -1,0 +1,122 @@
+"""Group commit's bound: `Journal.append` at several `append_statements`, against none.
+
+    .venv/bin/python benchmarks/group_commit.py [--dsn DSN] [--rtt-ms 1] [--seconds 2.5]
+        [--rounds 4] [--quick] [--writers 8,16,32] [--bounds 2,8]
+
+Why: the bound (`JournalSettings.append_statements`, "auto" = 2 for the asyncio
+`Journal`) decides how many append statements run at once; appends arriving
+meanwhile wait for one to end and go together. That saves the client CPU per
+append, which is what limits one process on a local server, but each grouped
+append waits for a statement to end first, which across a network is a round
+trip. This shows both sides on the same workload.
+
+For each `--writers` count, `Journal.append` of single events (append.py's
+event and id rotation, pool `writers + 2`), once per bound in `--bounds` and
+once with `append_statements=None` (every append its own statement: the
+baseline), each run in a fresh schema, interleaved (reversed every other
+round); the best run of each is shown with the client CPU per append (median
+of the rounds) and its ratio to the baseline. No goal: it is the data behind
+the README's advice on choosing the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from _common import (
+    Timing,
+    best,
+    database,
+    drop_schema,
+    format_rate,
+    format_ratio,
+    fresh_schema,
+    parse_timed_args,
+    print_environment,
+    print_table,
+    run,
+)
+from append import WRITER_ID, Measured, PidRotation, journal_writer, measure_after_checkpoint
+
+from journal import Journal, JournalSettings
+
+
+async def one_run(dsn: str, writers: int, bound: int | None, timing: Timing) -> Measured:
+    schema = fresh_schema("bench_groups")
+    settings = JournalSettings(
+        schema=schema, pool_max_size=writers + 2, writer_id=WRITER_ID, append_statements=bound
+    )
+    try:
+        async with Journal.connect(dsn, settings, create_schema=True) as journal:
+            workers = [journal_writer(journal, PidRotation(w), 1) for w in range(writers)]
+            return await measure_after_checkpoint(dsn, workers, timing)
+    finally:
+        await drop_schema(dsn, schema)
+
+
+async def main_async(config: tuple[Timing, list[int], list[int]], dsn: str | None) -> int:
+    timing, writer_counts, bounds = config
+    variants: list[int | None] = [*bounds, None]
+    with database(dsn) as db:
+        await print_environment(db)
+        rows = []
+        for writers in writer_counts:
+            rates: dict[int | None, list[float]] = {v: [] for v in variants}
+            cpu: dict[int | None, list[float]] = {v: [] for v in variants}
+            for round_ in range(timing.rounds):
+                for bound in variants if round_ % 2 == 0 else variants[::-1]:
+                    measured = await one_run(db.dsn, writers, bound, timing)
+                    rates[bound].append(measured.per_second)
+                    cpu[bound].append(measured.cpu_us_per_op(1))
+                    print(
+                        f"  {writers} writers, round {round_ + 1}, append_statements={bound}: "
+                        f"{format_rate(measured.per_second)} events/s, "
+                        f"{measured.cpu_us_per_op(1):.0f} us CPU/append",
+                        flush=True,
+                    )
+            baseline = best(rates[None])
+            for bound in variants:
+                rows.append(
+                    [
+                        f"{writers} writers",
+                        "None (baseline)" if bound is None else str(bound),
+                        format_rate(best(rates[bound])),
+                        format_ratio(best(rates[bound]) / baseline),
+                        f"{statistics.median(cpu[bound]):.0f}",
+                    ]
+                )
+    print()
+    print_table(["case", "append_statements", "events/s", "/ None", "us CPU/append"], rows)
+    print("events/s: best run; us CPU/append: client CPU per append, median of the rounds.")
+    return 0
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, tuple[Timing, list[int], list[int]]]:
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--writers", default="8,16,32")
+    extra.add_argument("--bounds", default="2,8")
+    known, rest = extra.parse_known_args(argv)
+    try:
+        writers = [int(w) for w in known.writers.split(",")]
+        bounds = [int(b) for b in known.bounds.split(",")]
+    except ValueError:
+        sys.exit("--writers and --bounds take comma-separated integers (e.g. 8,16,32)")
+    if min(writers) < 1 or min(bounds) < 1:
+        sys.exit("--writers and --bounds must be >= 1")
+    args, timing = parse_timed_args(
+        __doc__,
+        seconds_help="measured seconds per run (default 5)",
+        rounds_help="interleaved runs of each bound (default 2)",
+        argv=rest,
+    )
+    return args, (timing, writers, bounds)
+
+
+def main() -> int:
+    return run(parse_args(sys.argv[1:]), main_async)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
