@@ -245,28 +245,32 @@ class EventWriter:
                     self._group_tasks = {t for t in self._group_tasks if not t.done()} | {task}
                 return
 
-    async def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
-        while group:
-            try:
-                await self._run_group(groups, group)
-            except BaseException as e:
-                for waiting in group:
-                    if waiting.done.is_set():
-                        continue
-                    if groups.withdraw(waiting):
-                        waiting.run_alone()  # nothing of it was sent
-                    else:
-                        waiting.failed(e)
-                self._run_next_groups(groups)  # what waits runs in a task of its own
-                if isinstance(e, Exception):
-                    return  # its callers have it; a task's own error would only be logged
-                raise
-            group = groups.finish()
+    if ASYNC:
+        # Groups run in tasks of their own (the blocking flavour's thread runs its
+        # group itself, `_lead`), so the generated twin has no `_run_groups`.
 
-    async def _run_group(self, groups: AppendGroups, group: list[Waiting]) -> None:
-        """Store a group's appends in one statement; each waiting caller gets its outcome."""
-        async with self._pool.connection() as own:
-            await self._store(own, groups.send(group))
+        async def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
+            while group:
+                try:
+                    await self._run_group(groups, group)
+                except BaseException as e:
+                    for waiting in group:
+                        if waiting.done.is_set():
+                            continue
+                        if groups.withdraw(waiting):
+                            waiting.run_alone()  # nothing of it was sent
+                        else:
+                            waiting.failed(e)
+                    self._run_next_groups(groups)  # what waits runs in a task of its own
+                    if isinstance(e, Exception):
+                        return  # its callers have it; a task's own error would only be logged
+                    raise
+                group = groups.finish()
+
+        async def _run_group(self, groups: AppendGroups, group: list[Waiting]) -> None:
+            """Store a group's appends in one statement; each waiting caller gets its outcome."""
+            async with self._pool.connection() as own:
+                await self._store(own, groups.send(group))
 
     async def _lead(self, groups: AppendGroups, leader: Waiting, sent: list[Waiting]) -> None:
         """Run a sent group in its first caller (`leader`), then pass its place on."""

@@ -229,29 +229,6 @@ class EventWriter:
                 leader.done.set()
                 return
 
-    def _run_groups(self, groups: AppendGroups, group: list[Waiting]) -> None:
-        while group:
-            try:
-                self._run_group(groups, group)
-            except BaseException as e:
-                for waiting in group:
-                    if waiting.done.is_set():
-                        continue
-                    if groups.withdraw(waiting):
-                        waiting.run_alone()  # nothing of it was sent
-                    else:
-                        waiting.failed(e)
-                self._run_next_groups(groups)  # what waits runs in a task of its own
-                if isinstance(e, Exception):
-                    return  # its callers have it; a task's own error would only be logged
-                raise
-            group = groups.finish()
-
-    def _run_group(self, groups: AppendGroups, group: list[Waiting]) -> None:
-        """Store a group's appends in one statement; each waiting caller gets its outcome."""
-        with self._pool.connection() as own:
-            self._store(own, groups.send(group))
-
     def _lead(self, groups: AppendGroups, leader: Waiting, sent: list[Waiting]) -> None:
         """Run a sent group in its first caller (`leader`), then pass its place on."""
         storing = False
