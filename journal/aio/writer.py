@@ -18,13 +18,13 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 
 from journal.aio import flavour, prepared
 from journal.aio.flavour import ASYNC
 from journal.aio.notifications import Notifier, send_notification
+from journal.aio.pool import JournalPool
 from journal.append_groups import ESCAPE_SECONDS, AppendGroups, Waiting, stored_in_group
-from journal.connection import journal_error
+from journal.connection import journal_error, schema_error
 from journal.errors import ConcurrencyError, JournalError
 from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
@@ -54,7 +54,7 @@ class EventWriter:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: JournalPool,
         tables: Tables,
         registry: SerializerRegistry,
         writer_id: str,
@@ -192,7 +192,7 @@ class EventWriter:
         error = waiting.error
         if error is not None:
             # Every caller of a failed group gets its own exception.
-            raise group_error(error) from error
+            raise group_error(error, self._pool) from error
         batch = waiting.batch
         if waiting.stored_at is None:
             actual = await self.highest_seq_nr(batch.persistence_id)
@@ -397,9 +397,14 @@ def rolled_back(error: psycopg.Error, conn: AsyncConnection[Any]) -> bool:
     )
 
 
-def group_error(error: BaseException) -> JournalError:
+def group_error(error: BaseException, pool: JournalPool) -> JournalError:
     """One caller's exception for the group its append was in, which failed with
-    `error` (each caller raises its own, `error` as the cause)."""
+    `error` (each caller raises its own, `error` as the cause): what the same error
+    would have raised from an append alone on `pool`'s connection (a missing journal
+    table is `SchemaNotInitialized` there too)."""
+    missing = schema_error(pool.tables, error, pool.where)
+    if missing is not None:
+        return missing
     if isinstance(error, psycopg.Error):
         return journal_error(error)
     return JournalError(

@@ -19,10 +19,9 @@ from typing import Any
 
 import psycopg
 from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from journal.append_groups import ESCAPE_SECONDS, AppendGroups, Waiting, stored_in_group
-from journal.connection import journal_error
+from journal.connection import journal_error, schema_error
 from journal.errors import ConcurrencyError, JournalError
 from journal.model import EventEnvelope
 from journal.notifications import bucket_bit
@@ -30,6 +29,7 @@ from journal.serialization import SerializerRegistry
 from journal.sync import flavour, prepared
 from journal.sync.flavour import ASYNC
 from journal.sync.notifications import Notifier, send_notification
+from journal.sync.pool import SyncJournalPool
 from journal.tables import Tables
 from journal.telemetry import (
     APPEND_CONFLICT,
@@ -55,7 +55,7 @@ class EventWriter:
 
     def __init__(
         self,
-        pool: ConnectionPool[Any],
+        pool: SyncJournalPool,
         tables: Tables,
         registry: SerializerRegistry,
         writer_id: str,
@@ -189,7 +189,7 @@ class EventWriter:
         error = waiting.error
         if error is not None:
             # Every caller of a failed group gets its own exception.
-            raise group_error(error) from error
+            raise group_error(error, self._pool) from error
         batch = waiting.batch
         if waiting.stored_at is None:
             actual = self.highest_seq_nr(batch.persistence_id)
@@ -349,9 +349,14 @@ def rolled_back(error: psycopg.Error, conn: Connection[Any]) -> bool:
     )
 
 
-def group_error(error: BaseException) -> JournalError:
+def group_error(error: BaseException, pool: SyncJournalPool) -> JournalError:
     """One caller's exception for the group its append was in, which failed with
-    `error` (each caller raises its own, `error` as the cause)."""
+    `error` (each caller raises its own, `error` as the cause): what the same error
+    would have raised from an append alone on `pool`'s connection (a missing journal
+    table is `SchemaNotInitialized` there too)."""
+    missing = schema_error(pool.tables, error, pool.where)
+    if missing is not None:
+        return missing
     if isinstance(error, psycopg.Error):
         return journal_error(error)
     return JournalError(

@@ -24,6 +24,7 @@ from psycopg import sql
 from journal import ConcurrencyError, Journal, JournalSettings, SyncJournal, slice_for
 from journal.aio import writer as aio_writer
 from journal.append_groups import ESCAPE_SECONDS
+from journal.errors import SchemaNotInitialized
 from journal.sync import writer as sync_writer
 from tests.support.pg import Row, drop_test_schema, fetch, fresh_schema_name
 
@@ -305,6 +306,45 @@ async def test_a_race_lost_inside_a_group_fails_only_that_append(
         ("Acct|y", 1, settings.writer_id),
         ("Acct|y", 2, settings.writer_id),
     ]
+
+
+async def _outcome(append: Any) -> Any:
+    try:
+        return await append
+    except Exception as e:
+        return e
+
+
+async def test_a_group_of_one_meets_a_missing_table_as_an_append_alone_does(
+    pg_dsn: str, settings: JournalSettings, schema: str
+) -> None:
+    # A group's task runs the group after it: here one append alone (Acct|c), sent after
+    # the journal table was dropped. Its caller gets SchemaNotInitialized, as every
+    # append alone or in a bigger group does, not the driver's "does not exist".
+    async with (
+        Journal.connect(
+            pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=4), create_schema=True
+        ) as j,
+        await psycopg.AsyncConnection.connect(pg_dsn) as first,
+        await psycopg.AsyncConnection.connect(pg_dsn) as second,
+    ):
+        await uncommitted(first, schema, "Acct|held")
+        held = asyncio.ensure_future(j.append("Acct|held", [0], expected_seq_nr=0))
+        await blocked_by(pg_dsn, first)
+        a = asyncio.ensure_future(_outcome(j.append("Acct|a", [1], expected_seq_nr=0)))
+        b = asyncio.ensure_future(_outcome(j.append("Acct|b", [1], expected_seq_nr=0)))
+        await asyncio.sleep(0.05)
+        await uncommitted(second, schema, "Acct|a")  # the group [a, b] waits on this row
+        await first.rollback()
+        await held  # the group [a, b] runs, in a task of its own
+        c = asyncio.ensure_future(_outcome(j.append("Acct|c", [1], expected_seq_nr=0)))
+        await asyncio.sleep(0)  # c waits: the task's next group, of one
+        await second.execute(sql.SQL("DROP TABLE {}").format(table(schema)))
+        await second.commit()
+        outcomes = await asyncio.wait_for(asyncio.gather(a, b, c), 10)
+        alone = await _outcome(j.append("Acct|d", [1], expected_seq_nr=0))
+    for outcome in [*outcomes, alone]:
+        assert isinstance(outcome, SchemaNotInitialized), repr(outcome)
 
 
 async def test_a_stale_append_in_a_group_stores_nothing_and_the_others_are_stored(
