@@ -589,6 +589,19 @@ def _make_converter() -> cattrs.Converter:
     return converter
 
 
+def _payload_bytes(payload: object, serializer: Serializer, value: Any, what: str) -> bytes:
+    """A user serializer's `to_bytes` result as `bytes` (a `bytearray` or `memoryview` is
+    copied); anything else is refused before it reaches a statement, where it would be
+    stored as something else or fail only when the append waits for a group."""
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise SerializationError(
+        f"serializer {type(serializer).__qualname__} (id {serializer.id}) returned "
+        f"{type(payload).__qualname__} from to_bytes for {what} of type "
+        f"{type(value).__qualname__}; it must return bytes"
+    )
+
+
 class SerializerRegistry:
     """Chooses a serializer for each value and finds it again by id on read.
 
@@ -657,6 +670,8 @@ class SerializerRegistry:
             raise SerializationError(
                 f"cannot serialize {what} of type {type(value).__qualname__}: {e}"
             ) from e
+        if type(payload) is not bytes:
+            payload = _payload_bytes(payload, serializer, value, what)
         return SerializedPayload(serializer.id, serializer.manifest(value), payload)
 
     def decoder(self, serializer_id: int, manifest: str) -> Callable[[bytes], Any] | None:

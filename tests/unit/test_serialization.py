@@ -587,3 +587,41 @@ def test_a_long_integer_in_a_batch_is_found_wherever_it_is() -> None:
     rows = [(_journal_row(1, b'{"n": 1}'), None), (_journal_row(2, long_one), None)]
     envelopes = rows_to_envelopes(rows, SerializerRegistry(), source="query")
     assert envelopes[1].event == {"n": 2**70}
+
+
+class _Odd:
+    """A type only the serializer below handles."""
+
+
+class _OddSerializer:
+    """A user serializer whose `to_bytes` returns whatever it was built with."""
+
+    id = 4242
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def manifest(self, value: Any) -> str:
+        return "odd"
+
+    def to_bytes(self, value: Any) -> Any:
+        return self.result
+
+    def from_bytes(self, data: bytes, manifest: str) -> Any:
+        return data
+
+
+@pytest.mark.parametrize("result", [12345, "text", None, [1, 2]])
+def test_a_serializer_that_returns_no_bytes_is_refused_naming_it(result: object) -> None:
+    registry = SerializerRegistry()
+    registry.add(_OddSerializer(result), for_types=(_Odd,))
+    with pytest.raises(SerializationError, match=r"_OddSerializer \(id 4242\) returned .* bytes"):
+        registry.serialize(_Odd())
+
+
+@pytest.mark.parametrize("result", [bytearray(b"\x00ab"), memoryview(b"\x00ab")])
+def test_a_serializers_bytes_like_result_is_stored_as_bytes(result: object) -> None:
+    registry = SerializerRegistry()
+    registry.add(_OddSerializer(result), for_types=(_Odd,))
+    payload = registry.serialize(_Odd())
+    assert type(payload.payload) is bytes and payload.payload == b"\x00ab"
