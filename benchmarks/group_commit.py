@@ -1,7 +1,11 @@
 """Group commit's bound: `Journal.append` at several `append_statements`, against none.
 
-    .venv/bin/python benchmarks/group_commit.py [--dsn DSN] [--rtt-ms 1] [--seconds 2.5]
-        [--rounds 4] [--quick] [--writers 8,16,32] [--bounds 2,8]
+    .venv/bin/python benchmarks/group_commit.py [--dsn DSN] [--rtt-ms MS] [--seconds 5]
+        [--rounds 2] [--quick] [--writers 8,16,32] [--bounds 2,8]
+
+(the defaults shown; the README's figures: `--seconds 2.5 --rounds 4`). With
+`--dsn`, each run creates and drops a schema of its own and runs `CHECKPOINT`:
+point it at a test database.
 
 Why: the bound (`JournalSettings.append_statements`, "auto" = 2 for the asyncio
 `Journal`) decides how many append statements run at once; appends arriving

@@ -170,7 +170,8 @@ class Serializer(Protocol):
         ...
 
     def to_bytes(self, value: Any) -> bytes:
-        """Encode the value."""
+        """Encode the value as `bytes` (a `bytearray` or `memoryview` is copied; any
+        other type is refused with `SerializationError` before anything is written)."""
         ...
 
     def from_bytes(self, data: bytes, manifest: str) -> Any:
@@ -590,11 +591,18 @@ def _make_converter() -> cattrs.Converter:
 
 
 def _payload_bytes(payload: object, serializer: Serializer, value: Any, what: str) -> bytes:
-    """A user serializer's `to_bytes` result as `bytes` (a `bytearray` or `memoryview` is
-    copied); anything else is refused before it reaches a statement, where it would be
-    stored as something else or fail only when the append waits for a group."""
-    if isinstance(payload, bytearray | memoryview):
-        return bytes(payload)
+    """A user serializer's `to_bytes` result as `bytes` (a subclass of bytes, a
+    `bytearray` or a `memoryview` is copied); anything else is refused before it reaches
+    a statement, whose outcome would then depend on the path it took (stored as text,
+    a database error, or a bare `TypeError` for an append waiting for a group)."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        try:
+            return bytes(payload)
+        except ValueError as e:  # a released memoryview
+            raise SerializationError(
+                f"serializer {type(serializer).__qualname__} (id {serializer.id}) returned "
+                f"an unreadable buffer for {what} of type {type(value).__qualname__}: {e}"
+            ) from e
     raise SerializationError(
         f"serializer {type(serializer).__qualname__} (id {serializer.id}) returned "
         f"{type(payload).__qualname__} from to_bytes for {what} of type "

@@ -185,7 +185,7 @@ class JournalSettings:
     query: QuerySettings = attrs.field(factory=QuerySettings)
     # How long opening one connection may take before `ConnectionFailed` (also bounds the
     # wait for the pools to fill in `Journal.open`). PostgreSQL counts whole seconds, at
-    # least 2; it overrides any `connect_timeout` in the DSN.
+    # least 2; a `connect_timeout` in the DSN wins over it.
     connect_timeout: timedelta = attrs.field(
         default=timedelta(seconds=5), converter=to_timedelta, validator=positive
     )

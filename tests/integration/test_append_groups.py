@@ -316,11 +316,19 @@ async def _outcome(append: Any) -> Any:
 
 
 async def test_a_group_of_one_meets_a_missing_table_as_an_append_alone_does(
-    pg_dsn: str, settings: JournalSettings, schema: str
+    pg_dsn: str, settings: JournalSettings, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A group's task runs the group after it: here one append alone (Acct|c), sent after
     # the journal table was dropped. Its caller gets SchemaNotInitialized, as every
     # append alone or in a bigger group does, not the driver's "does not exist".
+    mapped: list[BaseException] = []  # errors of groups the callers raised (c's)
+    group_error = aio_writer.group_error
+
+    def spy(error: BaseException, pool: Any) -> Any:
+        mapped.append(error)
+        return group_error(error, pool)
+
+    monkeypatch.setattr(aio_writer, "group_error", spy)
     async with (
         Journal.connect(
             pg_dsn, attrs.evolve(settings, append_statements=1, pool_max_size=4), create_schema=True
@@ -345,6 +353,7 @@ async def test_a_group_of_one_meets_a_missing_table_as_an_append_alone_does(
         alone = await _outcome(j.append("Acct|d", [1], expected_seq_nr=0))
     for outcome in [*outcomes, alone]:
         assert isinstance(outcome, SchemaNotInitialized), repr(outcome)
+    assert len(mapped) == 1  # c's: it went as a group (of one), not alone
 
 
 async def test_a_stale_append_in_a_group_stores_nothing_and_the_others_are_stored(

@@ -63,8 +63,9 @@ async def test_the_jdbc_read_reads_the_sources_rows_and_schema(
     spark: Any, journal: Journal, tcp: str, pg_dsn: str
 ) -> None:
     await _fill(journal)
-    # The oldest ids' rows rewritten in place move behind newer ones in the table, so a
-    # partition's rows come from the server out of time order unless something sorts them.
+    # Half the ids' rows updated: their new row versions lie behind newer rows in the
+    # table, so a partition's rows come from the server out of time order unless
+    # something sorts them.
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute(
             sql.SQL("UPDATE {} SET writer = writer WHERE persistence_id = ANY(%s)").format(
