@@ -53,7 +53,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from _common import (
@@ -256,13 +256,17 @@ def statement_writer(
     return append
 
 
-async def run_journal(dsn: str, case: Case, timing: Timing, *, grouped: bool) -> Measured:
+async def run_journal(
+    dsn: str, case: Case, timing: Timing, *, statements: int | Literal["auto"] | None
+) -> Measured:
+    """`Journal.append` from `case.writers` writers (pool `writers + 2`) at the given
+    `append_statements`; the stored rows are checked against the rate."""
     schema = fresh_schema("bench_journal")
     settings = JournalSettings(
         schema=schema,
         pool_max_size=case.writers + 2,
         writer_id=WRITER_ID,
-        append_statements="auto" if grouped else None,
+        append_statements=statements,
     )
     try:
         async with Journal.connect(dsn, settings, create_schema=True) as journal:
@@ -345,7 +349,7 @@ async def run_variant(variant: str, dsn: str, case: Case, timing: Timing) -> Mea
         return await run_raw(dsn, case, timing, raw_writer)
     if variant == SQL_ONLY:
         return await run_raw(dsn, case, timing, statement_writer)
-    return await run_journal(dsn, case, timing, grouped=variant == JOURNAL)
+    return await run_journal(dsn, case, timing, statements="auto" if variant == JOURNAL else None)
 
 
 # -- several processes at once ------------------------------------------------------------

@@ -17,7 +17,8 @@ trip. This shows both sides on the same workload.
 For each `--writers` count, `Journal.append` of single events (append.py's
 event and id rotation, pool `writers + 2`), once per bound in `--bounds` and
 once with `append_statements=None` (every append its own statement: the
-baseline), each run in a fresh schema, interleaved (reversed every other
+baseline), each run in a fresh schema whose stored rows are checked against
+the rate (append.py's `run_journal`), interleaved (reversed every other
 round); the best run of each is shown with the client CPU per append (median
 of the rounds) and its ratio to the baseline. No goal: it is the data behind
 the README's advice on choosing the bound.
@@ -33,31 +34,14 @@ from _common import (
     Timing,
     best,
     database,
-    drop_schema,
     format_rate,
     format_ratio,
-    fresh_schema,
     parse_timed_args,
     print_environment,
     print_table,
     run,
 )
-from append import WRITER_ID, Measured, PidRotation, journal_writer, measure_after_checkpoint
-
-from journal import Journal, JournalSettings
-
-
-async def one_run(dsn: str, writers: int, bound: int | None, timing: Timing) -> Measured:
-    schema = fresh_schema("bench_groups")
-    settings = JournalSettings(
-        schema=schema, pool_max_size=writers + 2, writer_id=WRITER_ID, append_statements=bound
-    )
-    try:
-        async with Journal.connect(dsn, settings, create_schema=True) as journal:
-            workers = [journal_writer(journal, PidRotation(w), 1) for w in range(writers)]
-            return await measure_after_checkpoint(dsn, workers, timing)
-    finally:
-        await drop_schema(dsn, schema)
+from append import Case, run_journal
 
 
 async def main_async(config: tuple[Timing, list[int], list[int]], dsn: str | None) -> int:
@@ -71,7 +55,7 @@ async def main_async(config: tuple[Timing, list[int], list[int]], dsn: str | Non
             cpu: dict[int | None, list[float]] = {v: [] for v in variants}
             for round_ in range(timing.rounds):
                 for bound in variants if round_ % 2 == 0 else variants[::-1]:
-                    measured = await one_run(db.dsn, writers, bound, timing)
+                    measured = await run_journal(db.dsn, Case(writers, 1), timing, statements=bound)
                     rates[bound].append(measured.per_second)
                     cpu[bound].append(measured.cpu_us_per_op(1))
                     print(
