@@ -13,9 +13,11 @@ set-based over the hour before now. One local[2] Spark session (PySpark, Java 17
     partition by the executors, and not), against Spark's own JDBC source over
     the same table partitioned by `slice` with the same partition count (no
     order, every row, no horizon bound; and the same sorted within each partition
-    as an ordered read is, its floor), in alternating rounds, with the CPU
-    seconds the server, the JVM and the Python workers used in each reader's
-    best round. JDBC needs the PostgreSQL driver jar (Debian: `apt-get install
+    as an ordered read is, its floor), each read once untimed first (the JIT
+    warms up over the first reads), then in rounds of alternating order, with
+    the CPU seconds the server, the JVM and the Python workers used in each
+    reader's best round, and the ratio of the medians beside the best's. JDBC
+    needs the PostgreSQL driver jar (Debian: `apt-get install
     libpostgresql-jdbc-java`, which installs /usr/share/java/postgresql.jar) and
     a TCP DSN (`--dsn postgresql://user:pw@127.0.0.1:5432/db`); otherwise those
     rows are skipped with a line saying why. Goal: ours / JDBC >= 1.0.
@@ -35,6 +37,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -248,22 +251,37 @@ async def run_all(
         readers["Spark JDBC source, sorted as ours"] = lambda: jdbc().sortWithinPartitions(
             "db_timestamp", "seq_nr"
         )
-    # Alternating rounds, so that a noisy neighbour (or the JIT warming up) costs each.
+    # Every reader once, untimed: the JVM's JIT keeps speeding reads up over the first
+    # ones, which would otherwise favour whichever reader comes later in a round.
     meter = CpuMeter(dsn)
+    for load in readers.values():
+        await asyncio.to_thread(timed_read, load, meter)
+    # Rounds in alternating order (reversed every other one), so that a noisy neighbour
+    # or the order itself costs each reader alike.
     best = dict.fromkeys(readers, float("inf"))
+    times: dict[str, list[float]] = {name: [] for name in readers}
     cpu: dict[str, dict[str, float]] = {}
-    for _ in range(rounds):
-        for name, load in readers.items():
+    order = list(readers.items())
+    for round_ in range(rounds):
+        for name, load in order if round_ % 2 == 0 else order[::-1]:
             took, used = await asyncio.to_thread(timed_read, load, meter)
+            times[name].append(took)
             if took < best[name]:
                 best[name], cpu[name] = took, used
-    jdbc_s = best.get("Spark JDBC source (no order)")
+    jdbc_name = "Spark JDBC source (no order)"
+    jdbc_s = best.get(jdbc_name)
+    jdbc_median = statistics.median(times[jdbc_name]) if jdbc_s is not None else None
     rows = [
         [name, f"{events / s:,.0f}", "-" if jdbc_s is None else format_ratio(jdbc_s / s),
+         "-" if jdbc_median is None else format_ratio(jdbc_median / statistics.median(times[name])),
          *(f"{cpu[name][part]:.2f}" for part in CPU_PARTS)]
         for name, s in best.items()
     ]  # fmt: skip
-    print_table(["reader", "events/s", "ours/JDBC", *(f"{p} CPU s" for p in CPU_PARTS)], rows)
+    print_table(
+        ["reader", "events/s", "ours/JDBC", "median ours/JDBC", *(f"{p} CPU s" for p in CPU_PARTS)],
+        rows,
+    )
+    print("events/s, ours/JDBC and CPU: each reader's best round; median: of all its rounds.")
     if jdbc_s is None:
         print(f"JDBC baseline skipped: {why}")
     else:
