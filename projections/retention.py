@@ -45,6 +45,7 @@ from typing import Any
 import attrs
 
 from journal.durations import (
+    format_duration,
     name_duration_fields,
     positive,
     to_optional_timedelta,
@@ -104,7 +105,7 @@ class RetentionPolicy:
         """The rules in words, for reports."""
         rules = []
         if self.keep is not None:
-            rules.append(f"newer than {self.keep}")
+            rules.append(f"newer than {format_duration(self.keep)}")
         if self.keep_last is not None:
             rules.append(f"the last {self.keep_last} per id")
         if self.keep_snapshot:

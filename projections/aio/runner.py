@@ -212,6 +212,12 @@ class Projection:
                 "every event up to it, filtered or not"
             )
         check_handler_flavour(handler, asynchronous=ASYNC)
+        if not isinstance(journal, Journal):
+            raise InvalidArgument(
+                f"{type(self).__name__} reads a {Journal.__name__}, got "
+                f"{type(journal).__name__}: build the projection of the journal's own "
+                "flavour (Projection for Journal, SyncProjection for SyncJournal)"
+            )
         self.journal = journal
         self.name = instance.name
         self.entity_type = instance.entity_type

@@ -214,6 +214,12 @@ class SyncProjection:
                 "every event up to it, filtered or not"
             )
         check_handler_flavour(handler, asynchronous=ASYNC)
+        if not isinstance(journal, SyncJournal):
+            raise InvalidArgument(
+                f"{type(self).__name__} reads a {SyncJournal.__name__}, got "
+                f"{type(journal).__name__}: build the projection of the journal's own "
+                "flavour (SyncProjection for SyncJournal, SyncProjection for SyncJournal)"
+            )
         self.journal = journal
         self.name = instance.name
         self.entity_type = instance.entity_type

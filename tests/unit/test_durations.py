@@ -22,6 +22,7 @@ from journal import (
     QuerySettings,
     parse_duration,
 )
+from journal.durations import format_duration
 from projections import (
     ProjectionSettings,
     RecoveryStrategy,
@@ -127,3 +128,26 @@ def test_a_type_checker_accepts_every_form(tmp_path: Path) -> None:
     assert status == 1, out
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "settings_program.py:8:" in errors[0], out
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (timedelta(days=7), "7d"),
+        (timedelta(hours=36), "36h"),
+        (timedelta(minutes=90), "90m"),
+        (timedelta(seconds=30), "30s"),
+        (timedelta(milliseconds=1500), "1500ms"),
+        (timedelta(microseconds=5), "0:00:00.000005"),
+    ],
+)
+def test_a_duration_is_written_as_it_is_read(value: timedelta, text: str) -> None:
+    """Reports (`RetentionPolicy.describe`, the retention CLI) write a duration the way
+    `--keep` takes it, in its largest exact unit, and it reads back as the same value."""
+    assert format_duration(value) == text
+    if not text.startswith("0:"):
+        assert parse_duration(text) == value
+
+
+def test_a_retention_policy_describes_its_keep_as_typed() -> None:
+    assert "keep newer than 7d" in RetentionPolicy("Account", keep="7d").describe()

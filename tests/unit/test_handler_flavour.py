@@ -142,3 +142,16 @@ def test_the_error_names_the_handler(journals: tuple[Journal, SyncJournal]) -> N
         build_async(journals[0], "grouped", sync_one)
     with pytest.raises(InvalidArgument, match="handler 'AsyncCallable'"):
         build_sync(journals[1], "grouped", AsyncCallable())
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_a_projection_refuses_the_other_flavours_journal(
+    journals: tuple[Journal, SyncJournal], factory: str
+) -> None:
+    """A handler of the right flavour does not make up for a journal of the wrong one:
+    the projection says which journal it reads, when it is built."""
+    journal, sync_journal = journals
+    with pytest.raises(InvalidArgument, match=r"Projection reads a Journal, got SyncJournal"):
+        build_async(sync_journal, factory, async_one)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"SyncProjection reads a SyncJournal, got Journal"):
+        build_sync(journal, factory, sync_one)  # type: ignore[arg-type]
