@@ -16,7 +16,9 @@ each client writing its own 50 ids in rotation), each run in a fresh schema
 with the journal's tables and indexes, interleaved (reversed every other
 round):
 
-- bare INSERT: append.py's raw row (`db_timestamp = transaction_timestamp()`);
+- bare INSERT: append.py's raw row (`db_timestamp = transaction_timestamp()`;
+  its slice is the id's place in the rotation, not its hash: the same in all
+  three);
 - INSERT + previous-row read: the same row, its `db_timestamp` the journal's
   rule `GREATEST(transaction_timestamp(), previous + 1 us)`, the id's highest
   row read by the primary key (what the journal needs for its timestamps), and
@@ -26,11 +28,12 @@ round):
 
 Every run's stored rows are checked against pgbench's count of transactions
 (an append whose check failed would store nothing). The table gives the best
-run of each: statements/s, the mean latency pgbench measured, and the ratio to
-the bare INSERT. With one client, the latency difference is what the statement
-adds per append in the server. The pgbench used is `--pgbench`, else the
-embedded server's, else the one on `PATH`. With `--dsn`, each run creates and
-drops a schema of its own and runs `CHECKPOINT`: point it at a test database.
+run of each: statements/s, the mean latency pgbench measured (the lowest of the
+runs), and the ratio to the bare INSERT. With one client, the latency
+difference is what the statement adds per append in the server. The pgbench
+used is `--pgbench`, else the embedded server's, else the one on `PATH`. With
+`--dsn`, each run creates and drops a schema of its own and runs `CHECKPOINT`:
+point it at a test database.
 """
 
 from __future__ import annotations
@@ -169,7 +172,12 @@ async def run_variant(
         process = await asyncio.create_subprocess_exec(
             *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
-        out, err = await asyncio.wait_for(process.communicate(), timeout=timing.seconds + 60)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout=timing.seconds + 60)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
         if process.returncode != 0:
             raise RuntimeError(f"pgbench failed ({process.returncode}): {err.decode().strip()}")
         report = out.decode()
@@ -225,7 +233,7 @@ async def main_async(config: tuple[Timing, list[int], str | None], dsn: str | No
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print_table(["case", "statement", "appends/s", "latency us", "/ bare INSERT"], rows)
-    print("appends/s: best run; latency: pgbench's mean per statement, the best run's.")
+    print("appends/s: best run; latency: pgbench's mean per statement, the lowest run's.")
     return 0
 
 

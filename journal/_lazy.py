@@ -14,6 +14,7 @@ the replacement) and returns the very object its replacement is.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -74,9 +75,10 @@ def lazy_attributes(
         try:
             imported = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            extra = _EXTRA_OF.get((e.name or "").partition(".")[0])
-            if extra is None:
-                raise
+            top = (e.name or "").partition(".")[0]
+            extra = _EXTRA_OF.get(top)
+            if extra is None or _installed(top):
+                raise  # not an extra's, or a module missing from an installed one
             raise ModuleNotFoundError(
                 f"{package}.{name} needs the {extra!r} extra: pip install "
                 f"'slicejournal[{extra}]' ({e})",
@@ -92,6 +94,14 @@ def lazy_attributes(
         return sorted({*own, *exports})
 
     return __getattr__, __dir__
+
+
+def _installed(module: str) -> bool:
+    """Whether the top-level `module` can be imported (`None` in `sys.modules`: not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _asked_by_importlib() -> bool:

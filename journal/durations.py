@@ -34,12 +34,14 @@ def _parse(text: object) -> timedelta | None:
 
 def format_duration(value: timedelta) -> str:
     """The duration as `parse_duration` reads it, in its largest exact unit ("7d",
-    "90m", "500ms"); `str(value)` where none is exact (under a millisecond)."""
+    "90m", "500ms"); `str(value)` where it cannot (zero or less, a fraction of a
+    millisecond, or more digits than the parser takes)."""
     micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
     for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000),
                        ("s", 1_000_000), ("ms", 1_000)):  # fmt: skip
         if micros > 0 and micros % size == 0:
-            return f"{micros // size}{unit}"
+            text = f"{micros // size}{unit}"
+            return text if _parse(text) == value else str(value)
     return str(value)
 
 

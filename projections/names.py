@@ -60,3 +60,24 @@ def check_handler_flavour(handler: object, *, asynchronous: bool) -> None:
         handler, asynchronous=asynchronous, what=describe(handler, "handler"),
         async_api="Projection (Journal, asyncio)", sync_api="SyncProjection (SyncJournal)",
     )  # fmt: skip
+
+
+def wrong_journal(journal: object, *, asynchronous: bool) -> InvalidArgument:
+    """The error for a projection built over something other than its flavour's journal
+    (`Projection` reads a `Journal`, `SyncProjection` a `SyncJournal`): the other
+    flavour's journal is told which projection reads it, and `Journal.connect(...)`
+    not yet entered is told to enter it."""
+    flavours = (("Projection", "Journal", "async with"), ("SyncProjection", "SyncJournal", "with"))
+    (projection, wanted, enter), (other_projection, other, _) = (
+        flavours if asynchronous else flavours[::-1]
+    )
+    got = type(journal).__name__
+    message = f"{projection} reads a {wanted}, got {got}"
+    if got == other:
+        message += f": a {other} is read by {other_projection}"
+    elif hasattr(journal, "__aenter__") or hasattr(journal, "__enter__"):
+        message += (
+            f", a context manager: build the projection of the journal it opens "
+            f"(`{enter} {wanted}.connect(...) as journal:`)"
+        )
+    return InvalidArgument(message)

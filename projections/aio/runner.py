@@ -95,7 +95,7 @@ from projections.core import (
 from projections.errors import ProjectionError
 from projections.fencing import Fence, bounds_whole_transactions, offset_error
 from projections.management_sql import ManagementSql
-from projections.names import check_handler_flavour, check_instance
+from projections.names import check_handler_flavour, check_instance, wrong_journal
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 from projections.tables import ProjectionTables
@@ -213,11 +213,7 @@ class Projection:
             )
         check_handler_flavour(handler, asynchronous=ASYNC)
         if not isinstance(journal, Journal):
-            raise InvalidArgument(
-                f"{type(self).__name__} reads a {Journal.__name__}, got "
-                f"{type(journal).__name__}: build the projection of the journal's own "
-                "flavour (Projection for Journal, SyncProjection for SyncJournal)"
-            )
+            raise wrong_journal(journal, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
         self.entity_type = instance.entity_type

@@ -87,7 +87,7 @@ from projections.core import (
 from projections.errors import ProjectionError
 from projections.fencing import Fence, bounds_whole_transactions, offset_error
 from projections.management_sql import ManagementSql
-from projections.names import check_handler_flavour, check_instance
+from projections.names import check_handler_flavour, check_instance, wrong_journal
 from projections.recovery import OnFailure, RecoveryStrategy, check_decoded
 from projections.settings import ProjectionSettings
 from projections.sync.core_io import CoreReads, drive
@@ -215,11 +215,7 @@ class SyncProjection:
             )
         check_handler_flavour(handler, asynchronous=ASYNC)
         if not isinstance(journal, SyncJournal):
-            raise InvalidArgument(
-                f"{type(self).__name__} reads a {SyncJournal.__name__}, got "
-                f"{type(journal).__name__}: build the projection of the journal's own "
-                "flavour (SyncProjection for SyncJournal, SyncProjection for SyncJournal)"
-            )
+            raise wrong_journal(journal, asynchronous=ASYNC)
         self.journal = journal
         self.name = instance.name
         self.entity_type = instance.entity_type

@@ -149,9 +149,29 @@ def test_a_projection_refuses_the_other_flavours_journal(
     journals: tuple[Journal, SyncJournal], factory: str
 ) -> None:
     """A handler of the right flavour does not make up for a journal of the wrong one:
-    the projection says which journal it reads, when it is built."""
+    the projection says, when it is built, which journal it reads and which projection
+    reads the one it got."""
     journal, sync_journal = journals
-    with pytest.raises(InvalidArgument, match=r"Projection reads a Journal, got SyncJournal"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^Projection reads a Journal, got SyncJournal: a SyncJournal is read by "
+        r"SyncProjection$",
+    ):
         build_async(sync_journal, factory, async_one)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgument, match=r"SyncProjection reads a SyncJournal, got Journal"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^SyncProjection reads a SyncJournal, got Journal: a Journal is read by "
+        r"Projection$",
+    ):
         build_sync(journal, factory, sync_one)  # type: ignore[arg-type]
+
+
+def test_a_journal_not_yet_opened_is_told_to_open_it() -> None:
+    """`Journal.connect(...)` returns a context manager: handed over as it is, the
+    projection says to build it of the journal the `async with` opens."""
+    connecting = Journal.connect(DSN)
+    with pytest.raises(InvalidArgument, match=r"context manager.*async with Journal\.connect"):
+        build_async(connecting, "grouped", async_one)  # type: ignore[arg-type]
+    sync_connecting = SyncJournal.connect(DSN)
+    with pytest.raises(InvalidArgument, match=r"context manager.*with SyncJournal\.connect"):
+        build_sync(sync_connecting, "grouped", sync_one)  # type: ignore[arg-type]

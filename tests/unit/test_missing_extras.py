@@ -46,19 +46,26 @@ def test_a_missing_extra_is_named_with_its_install_line(
     assert (caught.value.name or "").split(".")[0] == dependency  # the module it missed
 
 
-def test_a_missing_module_of_no_extra_is_left_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the extras' dependencies get the hint: anything else missing is not ours to
-    explain, and goes up unchanged."""
-    exporter = importlib.import_module("projections")
-    monkeypatch.delitem(exporter.__dict__, "PrometheusTelemetry", raising=False)
-    for loaded in [
-        m
-        for m in sys.modules
-        if m == "projections.telemetry_prometheus" or m.split(".")[0] == "prometheus_client"
-    ]:
+@pytest.mark.parametrize(
+    ("package", "name", "module", "missing"),
+    [
+        # Not an extra's dependency: not ours to explain.
+        ("projections", "PrometheusTelemetry", "projections.telemetry_prometheus",
+         "prometheus_client"),
+        # A module missing from an extra's package that is installed (a broken or
+        # mismatched install): the extra is there, so installing it is not the answer.
+        ("projections.spark", "project", "projections.spark.driver", "pyspark.sql"),
+    ],
+)  # fmt: skip
+def test_other_missing_modules_go_up_unchanged(
+    monkeypatch: pytest.MonkeyPatch, package: str, name: str, module: str, missing: str
+) -> None:
+    exporter = importlib.import_module(package)
+    monkeypatch.delitem(exporter.__dict__, name, raising=False)
+    for loaded in [m for m in sys.modules if m == module or m.startswith(missing)]:
         monkeypatch.delitem(sys.modules, loaded)
-    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.setitem(sys.modules, missing, None)
     with pytest.raises(ModuleNotFoundError) as caught:
-        exporter.PrometheusTelemetry  # noqa: B018
+        getattr(exporter, name)
     assert "extra" not in str(caught.value)
-    assert caught.value.name == "prometheus_client"
+    assert caught.value.name == missing
