@@ -250,8 +250,10 @@ async def _live_table(control: FleetControl, started: float) -> None:
         await asyncio.sleep(2)
         with contextlib.suppress(JournalError, psycopg.Error):
             status = await control.status(PROJECTION)
+            # Mid-rescale or failover the new ranges have no owner yet: say so.
+            moving = "" if status.converged else ", ranges being handed over"
             print(f"live     t={time.perf_counter() - started:.0f}s, "
-                  f"{len(status.workers)} live workers\n{_table(status)}")  # fmt: skip
+                  f"{len(status.workers)} live workers{moving}\n{_table(status)}")  # fmt: skip
 
 
 async def _wait_projected(
