@@ -212,6 +212,18 @@ async def checkpoint(dsn: str) -> None:
             await conn.execute("CHECKPOINT")
 
 
+def positive_ints(text: str, option: str) -> list[int]:
+    """A comma-separated list of integers >= 1 given as `option` (`--writers 8,16,32`);
+    anything else ends the script with a line naming the option."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        sys.exit(f"{option} takes comma-separated integers >= 1 (e.g. 1,8), got {text!r}")
+    return values
+
+
 async def count_rows(conn: psycopg.AsyncConnection[Any], table: sql.Composable) -> int:
     """`count(*)` of a table."""
     cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))

@@ -51,12 +51,14 @@ from _common import (
     Timing,
     best,
     checkpoint,
+    count_rows,
     database,
     drop_schema,
     format_rate,
     format_ratio,
     fresh_schema,
     parse_timed_args,
+    positive_ints,
     print_environment,
     print_table,
     run,
@@ -185,8 +187,7 @@ async def run_variant(
         tps = _number(r"tps = ([\d.]+)", report)
         latency = _number(r"latency average = ([\d.]+) ms", report)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(tables.journal))
-            stored = (await cur.fetchone() or (0,))[0]
+            stored = await count_rows(conn, tables.journal)
         if stored != count:
             raise RuntimeError(f"{variant}: pgbench ran {count:.0f} appends, {stored} stored")
         return tps, latency
@@ -244,12 +245,7 @@ def parse_args(
     extra.add_argument("--clients", default="1,8")
     extra.add_argument("--pgbench", default=None)
     known, rest = extra.parse_known_args(argv)
-    try:
-        clients = [int(c) for c in known.clients.split(",")]
-    except ValueError:
-        sys.exit("--clients takes comma-separated integers (e.g. 1,8)")
-    if min(clients) < 1:
-        sys.exit("--clients must be >= 1")
+    clients = positive_ints(known.clients, "--clients")
     args, timing = parse_timed_args(
         __doc__,
         seconds_help="measured seconds per run (default 5; pgbench takes whole seconds)",

@@ -37,6 +37,7 @@ from _common import (
     format_rate,
     format_ratio,
     parse_timed_args,
+    positive_ints,
     print_environment,
     print_table,
     run,
@@ -86,13 +87,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, tuple[Timing, list[
     extra.add_argument("--writers", default="8,16,32")
     extra.add_argument("--bounds", default="2,8")
     known, rest = extra.parse_known_args(argv)
-    try:
-        writers = [int(w) for w in known.writers.split(",")]
-        bounds = [int(b) for b in known.bounds.split(",")]
-    except ValueError:
-        sys.exit("--writers and --bounds take comma-separated integers (e.g. 8,16,32)")
-    if min(writers) < 1 or min(bounds) < 1:
-        sys.exit("--writers and --bounds must be >= 1")
+    writers = positive_ints(known.writers, "--writers")
+    bounds = positive_ints(known.bounds, "--bounds")
     args, timing = parse_timed_args(
         __doc__,
         seconds_help="measured seconds per run (default 5)",
